@@ -1,0 +1,21 @@
+"""ssd_jax: speculative decoding for JAX.
+
+Public API: `load`, `forward`, `generate`, `Model`, `ModelConfig`, `SamplingParams`,
+`GenerateOutput`, and the exceptions in `ssd_jax.errors`. Verifiers live in `ssd_jax.verify`.
+"""
+
+from ssd_jax.engine.output import GenerateOutput
+from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
+from ssd_jax.generate import METHODS, generate
+from ssd_jax.loading import load
+from ssd_jax.model import Model
+from ssd_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from ssd_jax.reference import forward
+from ssd_jax.sampling import SamplingParams
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
+    "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "forward", "generate", "load",
+]

@@ -1,0 +1,1 @@
+"""Decode loops. Each method compiles to one program per static shape bucket."""

@@ -1,0 +1,67 @@
+"""`load`: a Hugging Face directory or a `checkpoints_convert` directory -> `Model`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from ssd_jax.errors import CheckpointError, ConfigError
+from ssd_jax.model import Model, dtype_from_name
+from ssd_jax.models.config import ModelConfig
+from ssd_jax.models.params import validate_params
+
+
+def read_config(directory: str) -> ModelConfig:
+    path = os.path.join(directory, "config.json")
+    if not os.path.exists(path):
+        raise ConfigError(f"missing config.json in {directory}")
+    try:
+        with open(path) as f:
+            hf = json.load(f)
+    except (OSError, json.JSONDecodeError) as err:
+        raise ConfigError(f"unreadable config.json in {directory}: {err}") from None
+    if not isinstance(hf, dict):
+        raise ConfigError(f"config.json in {directory} is not a JSON object")
+    return ModelConfig.from_hf(hf)
+
+
+def read_tokenizer(directory: str):
+    """A `tokenizers.Tokenizer` from tokenizer.json, or None when the file is absent."""
+    path = os.path.join(directory, "tokenizer.json")
+    if not os.path.exists(path):
+        return None
+    from tokenizers import Tokenizer
+
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as err:  # the Rust side raises a bare Exception
+        raise CheckpointError(f"unreadable tokenizer.json in {directory}: {err}") from None
+
+
+def load(path: str, dtype="float32") -> Model:
+    """Loads a model directory.
+
+    path: a Hugging Face model directory (config.json, model.safetensors or a sharded index,
+    tokenizer.json if present) or a directory written by `python -m checkpoints_convert`.
+    dtype: "float32" | "bfloat16" | "float16" for the params.
+    Raises ConfigError / CheckpointError naming what is wrong.
+    """
+    from checkpoints_convert.hf_mapping import hf_to_params
+    from checkpoints_convert.orbax_io import is_converted_dir, restore_params
+    from checkpoints_convert.safetensors_io import read_hf_tensors
+
+    target_dtype = dtype_from_name(dtype)
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise CheckpointError(f"model directory {path!r} does not exist")
+    config = read_config(path)
+    if is_converted_dir(path):
+        params = restore_params(path)
+        validate_params(config, params)
+    else:
+        params = hf_to_params(config, read_hf_tensors(path), dtype=target_dtype)
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=target_dtype), params)
+    return Model(config=config, params=params, tokenizer=read_tokenizer(path), path=os.path.abspath(path))
