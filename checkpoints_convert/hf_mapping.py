@@ -110,8 +110,10 @@ def _expected_hf_shape(config: ModelConfig, row: Row, shapes: dict) -> tuple[int
     return shape[::-1] if row.kind == "linear" else shape
 
 
-def hf_to_params(config: ModelConfig, tensors, dtype) -> dict:
+def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
     """Builds our params from `tensors` (a mapping HF name -> numpy array, read lazily).
+
+    on_tensor: optional callback run once per HF tensor consumed (for a progress bar).
 
     Raises CheckpointError naming a missing tensor, an unexpected one or a wrong shape.
     """
@@ -133,6 +135,8 @@ def hf_to_params(config: ModelConfig, tensors, dtype) -> dict:
                     f"tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(expected)} for this config"
                 )
             used.add(name)
+            if on_tensor is not None:
+                on_tensor()
             per_layer.append(array.T if row.kind == "linear" else array)
         stacked = np.stack(per_layer) if layer_ids != [None] else per_layer[0]
         if row.kind == "split_qkv":

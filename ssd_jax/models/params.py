@@ -84,7 +84,9 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: f
         elif name.endswith("bias"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
-            std = scale / np.sqrt(2 * config.num_layers) if name.split("/")[-2] in ("o", "down", "proj") else scale
+            parts = name.split("/")
+            is_output = len(parts) > 1 and parts[-2] in ("o", "down", "proj")
+            std = scale / np.sqrt(2 * config.num_layers) if is_output else scale
             leaves.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
     return jax.tree_util.tree_unflatten(treedef, leaves)
 
