@@ -167,3 +167,8 @@ def forward_cached(
     if logit_indices is not None:
         x = jnp.take_along_axis(x, logit_indices[:, :, None].astype(jnp.int32), axis=1)
     return lm_head(params, config, x), cache.replace(k=k_all, v=v_all)
+
+
+decode_step = jax.jit(forward_cached, static_argnames=("config",), donate_argnames=("cache",))
+decode_step.__doc__ = """`forward_cached` jitted with the cache donated (updated in place): for user-written loops.
+Call with keywords: decode_step(params, config=..., tokens=..., positions=..., cache=..., tree_mask=None)."""
