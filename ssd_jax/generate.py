@@ -25,6 +25,7 @@ def generate(
     top_p: float | None = None,
     key=None,
     draft: Model | None = None,
+    stream=None,
     **method_options,
 ) -> GenerateOutput:
     """Generates up to max_new_tokens per prompt.
@@ -39,10 +40,12 @@ def generate(
         raise InputError(f"target must be an ssd_jax Model (see ssd_jax.load), got {type(target).__name__}")
     if method not in METHODS:
         raise InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    if stream is not None and not callable(stream):
+        raise InputError(f"stream must be a callable sink(new_tokens, counts), got {type(stream).__name__}")
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     batch = prepare_prompts(prompt_ids, target.config, max_new_tokens)
     if method == "ar":
         if method_options:
             raise InputError(f"method 'ar' takes no options, got {', '.join(sorted(method_options))}")
-        return generate_ar(target, batch, int(max_new_tokens), sampling, key)
+        return generate_ar(target, batch, int(max_new_tokens), sampling, key, stream=stream)
     raise AssertionError(method)

@@ -1,4 +1,5 @@
-"""`ssd-jax generate`: decode prompts with any method and print the text and the stats."""
+"""`ssd-jax generate`: decode a prompt with any method (default: the embedded pair), streaming
+the text, then a short stats summary."""
 
 from __future__ import annotations
 
@@ -8,25 +9,38 @@ import sys
 
 from ssd_jax.errors import InputError
 
+SUMMARY_FIELDS = (
+    "num_generated_tokens", "tokens_per_second", "wall_time_s", "compile_time_s", "target_calls",
+    "acceptance_rate", "mean_acceptance_length", "block_efficiency", "cache_hit_rate",
+)
+
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    parser.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("generate", help="generate text from prompts")
-    parser.add_argument("--model", required=True, help="target model directory (Hugging Face or converted)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--prompt", action="append", default=None,
-                        help="prompt text (repeat for a batch); needs the model's tokenizer.json")
+    parser = subparsers.add_parser(
+        "generate", help="generate text (default models: the embedded target/draft pair)",
+        description="Generate a continuation of PROMPT, streaming the text, then print stats.",
+    )
+    parser.add_argument("prompt", nargs="*", help="prompt text (several = a batch)")
     parser.add_argument("--prompt-ids", action="append", default=None,
-                        help="comma-separated token ids (repeat for a batch)")
-    parser.add_argument("--method", default="ar")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+                        help="comma-separated token ids instead of text (repeat for a batch)")
+    parser.add_argument("--target", "--model", dest="target", default=None,
+                        help="target model directory, HF or converted (default: embedded target)")
+    parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--method", default="ar", help="decoding method (see `ssd_jax.METHODS`)")
+    parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
+    parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
+    parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
+    parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     add_sampling_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -35,16 +49,74 @@ def encode_prompts(args, tokenizer) -> list[list[int]]:
     prompts: list[list[int]] = []
     for text in args.prompt or []:
         if tokenizer is None:
-            raise InputError("--prompt needs a model with tokenizer.json; pass --prompt-ids instead")
-        prompts.append(tokenizer.encode(text).ids)
+            raise InputError("a text prompt needs a model with tokenizer.json; pass --prompt-ids instead")
+        ids = tokenizer.encode(text).ids
+        if not ids:
+            raise InputError(f"prompt {text!r} encodes to no tokens")
+        prompts.append(ids)
     for ids in args.prompt_ids or []:
         try:
             prompts.append([int(t) for t in ids.split(",") if t.strip()])
         except ValueError:
             raise InputError(f"--prompt-ids must be comma-separated integers, got {ids!r}") from None
     if not prompts:
-        raise InputError("give at least one --prompt or --prompt-ids")
+        raise InputError("give a PROMPT or --prompt-ids")
     return prompts
+
+
+def load_models(args):
+    """(target, draft or None) from the flags, defaulting to the embedded pair."""
+    import ssd_jax
+    from ssd_jax.defaults import default_model_dirs
+    from ssd_jax.pairing import check_same_tokenizer
+
+    if args.target is None:
+        target_dir, default_draft = default_model_dirs()
+        draft_dir = args.draft or default_draft
+    else:
+        target_dir, draft_dir = args.target, args.draft
+    target = ssd_jax.load(target_dir, dtype=args.dtype)
+    draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and args.method != "ar" else None
+    if draft is not None:
+        check_same_tokenizer(target, draft)
+    return target, draft
+
+
+class TextStreamer:
+    """Prints row 0's text as tokens arrive (decoding the whole row each time, so multi-token
+    characters and merges come out right)."""
+
+    def __init__(self, tokenizer, prefix: str = ""):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.printed = ""
+        self.prefix = prefix
+
+    def __call__(self, new_tokens, counts) -> None:
+        if self.prefix:
+            sys.stdout.write(self.prefix)
+            self.prefix = ""
+        self.tokens.extend(int(t) for t in new_tokens[0, : int(counts[0])])
+        text = self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
+        if text.startswith(self.printed) and not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(self.printed):])
+            sys.stdout.flush()
+            self.printed = text
+
+
+def _options(args) -> dict:
+    options = {}
+    if args.num_draft_tokens is not None:
+        options["num_draft_tokens"] = args.num_draft_tokens
+    if args.num_paths is not None:
+        options["num_paths"] = args.num_paths
+    return options
+
+
+def print_stats(stats: dict, file=sys.stdout) -> None:
+    shown = {k: stats[k] for k in SUMMARY_FIELDS if k in stats}
+    print("--- " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()),
+          file=file)
 
 
 def print_result(out, tokenizer, as_json: bool) -> None:
@@ -57,9 +129,7 @@ def print_result(out, tokenizer, as_json: bool) -> None:
     for i, row in enumerate(out.tokens):
         print(f"--- row {i} ({out.finish_reasons[i]}, {len(row)} tokens)")
         print(texts[i] if texts is not None else " ".join(map(str, row)))
-    print("--- stats")
-    for name, value in out.stats.items():
-        print(f"{name:>24}: {value:.4g}" if isinstance(value, float) else f"{name:>24}: {value}")
+    print_stats(out.stats)
 
 
 def run(args) -> int:
@@ -67,11 +137,24 @@ def run(args) -> int:
 
     import ssd_jax
 
-    model = ssd_jax.load(args.model, dtype=args.dtype)
-    prompts = encode_prompts(args, model.tokenizer)
-    out = ssd_jax.generate(
-        model, prompts, max_new_tokens=args.max_new_tokens, method=args.method,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, key=jax.random.PRNGKey(args.seed),
-    )
-    print_result(out, model.tokenizer, args.json)
+    target, draft = load_models(args)
+    prompts = encode_prompts(args, target.tokenizer)
+    common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                  top_p=args.top_p, key=jax.random.PRNGKey(args.seed))
+    # Streaming costs a host copy per step: --compare times both runs without it.
+    streaming = not (args.json or args.no_stream or args.compare or len(prompts) > 1)
+    stream = TextStreamer(target.tokenizer, prefix=args.prompt[0] if args.prompt else "") if streaming else None
+    out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, stream=stream, **common, **_options(args))
+    baseline = ssd_jax.generate(target, prompts, method="ar", **common) if args.compare else None
+    if baseline is not None:
+        out.stats["ar_tokens_per_second"] = baseline.stats["tokens_per_second"]
+        out.stats["speedup_over_ar"] = out.stats["tokens_per_second"] / baseline.stats["tokens_per_second"]
+    if streaming:
+        print()
+        print_stats(out.stats)
+    else:
+        print_result(out, target.tokenizer, args.json)
+    if baseline is not None and not args.json:
+        print(f"--- speedup over autoregressive: {out.stats['speedup_over_ar']:.2f}x "
+              f"({out.stats['tokens_per_second']:.1f} vs {baseline.stats['tokens_per_second']:.1f} tokens/s)")
     return 0

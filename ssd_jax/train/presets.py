@@ -1,0 +1,26 @@
+"""Named model shapes: the embedded target/draft pair and small shapes for quick runs."""
+
+from __future__ import annotations
+
+from ssd_jax.errors import InputError
+from ssd_jax.models.config import ModelConfig
+
+# Sized for a 2-core CPU: the target trains in about an hour; one draft forward costs about a tenth
+# of a target forward at batch 1 (measured by benchmarks/bench_model_costs.py).
+PRESETS = {
+    "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64),
+    "draft": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
+}
+
+
+def llama_config(preset: str, vocab_size: int, max_position_embeddings: int = 2048, eos_token_id: int = 0,
+                 **overrides) -> ModelConfig:
+    """A Llama ModelConfig of a named preset (tied embeddings), with field overrides."""
+    if preset not in PRESETS:
+        raise InputError(f"unknown model preset {preset!r}; available: {', '.join(PRESETS)}")
+    fields = dict(PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None})
+    return ModelConfig(
+        model_type="llama", vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=None, eos_token_ids=(eos_token_id,), pad_token_id=1, **fields,
+    )
