@@ -1,0 +1,197 @@
+"""Helpers shared by the verifiers: input checks, dtype policy, safe ratios, residuals,
+sampling from unnormalised weights, per-row keys, first-index reductions.
+
+Every helper here works on one row (no batch axis) unless its docstring says otherwise and is
+dtype-generic: float32 in normal use, float64 when the caller enables x64 (the exact-enumeration
+tests do)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ssd_jax.errors import InputError
+
+
+# --------------------------------------------------------------------------- input checks
+
+
+def _shape(x) -> tuple:
+    return tuple(getattr(x, "shape", jnp.shape(x)))
+
+
+def _check_int(name: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.integer):
+        raise InputError(f"{name} must be an integer array of token ids, got dtype {x.dtype}")
+
+
+def _check_float(name: str, x) -> None:
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise InputError(f"{name} must be a floating-point probability array, got dtype {x.dtype}")
+
+
+def as_probs(*arrays):
+    """Cast probability arrays to one common float dtype: float32, or float64 when the caller
+    passed float64 (possible only with x64 enabled); float16/bfloat16 are promoted to float32."""
+    dtype = jnp.float32
+    for x in arrays:
+        dtype = jnp.promote_types(dtype, x.dtype)
+    return tuple(jnp.asarray(x, dtype) for x in arrays)
+
+
+def check_single(draft_tokens, q, p) -> tuple[int, int, int]:
+    """Validate single-path inputs at trace time; return (B, L, V).
+
+    draft_tokens int [B, L]; q float [B, L, V]; p float [B, L+1, V]."""
+    draft_tokens, q, p = jnp.asarray(draft_tokens), jnp.asarray(q), jnp.asarray(p)
+    if draft_tokens.ndim != 2:
+        raise InputError(f"draft_tokens must have shape [B, L], got shape {_shape(draft_tokens)}")
+    _check_int("draft_tokens", draft_tokens)
+    b, l = draft_tokens.shape
+    if l < 1:
+        raise InputError(f"draft length L must be >= 1, got draft_tokens shape {_shape(draft_tokens)}")
+    if q.ndim != 3 or q.shape[:2] != (b, l):
+        raise InputError(
+            f"q must have shape [B, L, V] = [{b}, {l}, V] to match draft_tokens {_shape(draft_tokens)}, "
+            f"got shape {_shape(q)}")
+    v = q.shape[2]
+    if p.ndim != 3 or p.shape[:2] != (b, l + 1):
+        raise InputError(
+            f"p must have shape [B, L+1, V] = [{b}, {l + 1}, V] (one row per draft prefix plus the bonus row), "
+            f"got shape {_shape(p)}")
+    if p.shape[2] != v:
+        raise InputError(f"vocabulary mismatch: q has V={v}, p has V={p.shape[2]}")
+    if v < 1:
+        raise InputError(f"vocabulary size V must be >= 1, got {v}")
+    _check_float("q", q)
+    _check_float("p", p)
+    return b, l, v
+
+
+def check_multi(paths, q, p) -> tuple[int, int, int, int]:
+    """Validate multi-path inputs at trace time; return (B, K, L, V).
+
+    paths int [B, K, L]; q float [B, K, L, V]; p float [B, K, L+1, V]."""
+    paths, q, p = jnp.asarray(paths), jnp.asarray(q), jnp.asarray(p)
+    if paths.ndim != 3:
+        raise InputError(f"paths must have shape [B, K, L], got shape {_shape(paths)}")
+    _check_int("paths", paths)
+    b, k, l = paths.shape
+    if k < 1:
+        raise InputError(f"number of paths K must be >= 1, got paths shape {_shape(paths)}")
+    if l < 1:
+        raise InputError(f"draft length L must be >= 1, got paths shape {_shape(paths)}")
+    if q.ndim != 4 or q.shape[:3] != (b, k, l):
+        raise InputError(
+            f"q must have shape [B, K, L, V] = [{b}, {k}, {l}, V] to match paths {_shape(paths)}, "
+            f"got shape {_shape(q)}")
+    v = q.shape[3]
+    if p.ndim != 4 or p.shape[:3] != (b, k, l + 1):
+        raise InputError(
+            f"p must have shape [B, K, L+1, V] = [{b}, {k}, {l + 1}, V], got shape {_shape(p)}")
+    if p.shape[3] != v:
+        raise InputError(f"vocabulary mismatch: q has V={v}, p has V={p.shape[3]}")
+    if v < 1:
+        raise InputError(f"vocabulary size V must be >= 1, got {v}")
+    _check_float("q", q)
+    _check_float("p", p)
+    return b, k, l, v
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def accept_prob(px, qx, scale=1.0):
+    """min(1, px / (scale * qx)) with the 0/0 and x/0 cases defined: a token the draft could not
+    have produced (qx = 0) is accepted iff the target gives it mass. Shapes broadcast."""
+    den = scale * qx
+    ratio = px / jnp.where(den > 0, den, 1)
+    return jnp.where(den > 0, jnp.minimum(ratio, 1), jnp.where(px > 0, 1, 0).astype(ratio.dtype))
+
+
+# A finite stand-in for log(p/0) = +inf: large enough to saturate any block weight, small enough
+# that L of them summed stay finite (an inf here would make S_i - max_j S_j = inf - inf = NaN).
+LOG_RATIO_CAP = 1.0e4
+
+
+def log_ratio(px, qx):
+    """log px - log qx, -inf where px = 0, LOG_RATIO_CAP where qx = 0 < px. Shapes broadcast."""
+    safe_p = jnp.where(px > 0, px, 1)
+    safe_q = jnp.where(qx > 0, qx, 1)
+    lr = jnp.log(safe_p) - jnp.log(safe_q)
+    lr = jnp.where(qx > 0, lr, LOG_RATIO_CAP)
+    return jnp.where(px > 0, lr, -jnp.inf)
+
+
+def gather_tokens(rows, tokens):
+    """rows[i, tokens[i]] for rows [L, V] and tokens int [L] -> [L]."""
+    return jnp.take_along_axis(rows, tokens[:, None], axis=-1)[:, 0]
+
+
+def positive_part(x):
+    return jnp.maximum(x, 0)
+
+
+def normalize_or(weights, fallback, axis=-1):
+    """weights / sum(weights); `fallback` where the sum is not positive (a 0/0 residual)."""
+    total = jnp.sum(weights, axis=axis, keepdims=True)
+    return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1), fallback)
+
+
+# Vocabularies above 2 * _CHUNK are sampled in two stages (a chunk, then a token in it).
+_CHUNK = 512
+
+
+def _categorical_from_weights(key, weights):
+    logits = jnp.where(weights > 0, jnp.log(jnp.where(weights > 0, weights, 1)), -jnp.inf)
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+def sample_from_weights(key, weights, fallback):
+    """One token id (int32 scalar) drawn proportionally to non-negative `weights` [V];
+    `fallback` [V] is used instead when the weights sum to zero (a residual that exact arithmetic
+    never selects).
+
+    Gumbel-max over log weights, -inf for zeros: no normalisation and no long cumulative sum, so
+    nothing overflows or loses tail mass at V = 152k. Large vocabularies draw a chunk of _CHUNK
+    tokens with probability proportional to its mass, then a token within it: the same law
+    (S_c / S * w_x / S_c = w_x / S) from V / _CHUNK + _CHUNK Gumbel variates instead of V, which
+    is where a single draw spends its time on CPU."""
+    use = jnp.where(jnp.sum(weights) > 0, weights, fallback)
+    v = use.shape[0]
+    if v <= 2 * _CHUNK:
+        return _categorical_from_weights(key, use)
+    k_chunk, k_token = jax.random.split(key)
+    n_chunks = -(-v // _CHUNK)
+    padded = jnp.pad(use, (0, n_chunks * _CHUNK - v)).reshape(n_chunks, _CHUNK)
+    chunk = _categorical_from_weights(k_chunk, jnp.sum(padded, axis=1))
+    within = _categorical_from_weights(k_token, padded[chunk])
+    return chunk * _CHUNK + within
+
+
+def row_keys(key, batch: int):
+    """One independent key per batch row."""
+    return jax.random.split(key, batch)
+
+
+def argmax_first(x):
+    """argmax over the last axis, ties to the lowest index, as int32; 0 for an all-NaN row.
+    A max followed by a masked max of -index: both are plain reductions, several times faster
+    on CPU than jnp.argmax's (value, index) reduction. Indices are exact in float32 below 2^24."""
+    n = x.shape[-1]
+    if n >= 1 << 24:
+        return jnp.argmax(x, axis=-1).astype(jnp.int32)
+    top = jnp.max(x, axis=-1, keepdims=True)
+    neg_ids = -jnp.arange(n, dtype=jnp.float32)
+    first = -jnp.max(jnp.where(x == top, neg_ids, -jnp.inf), axis=-1)
+    return jnp.where(first < n, first, 0).astype(jnp.int32)
+
+
+def first_true(mask):
+    """Index of the first True along the last axis (0 when there is none), int32."""
+    return jnp.argmax(mask, axis=-1).astype(jnp.int32)
+
+
+def leading_true_count(mask):
+    """Number of leading True values along the last axis, int32."""
+    return jnp.sum(jnp.cumprod(mask.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)

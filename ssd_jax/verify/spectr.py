@@ -1,0 +1,83 @@
+"""SpecTr multi-path verification with the k-sequential draft selection (Sun et al., "SpecTr").
+
+At a node with k alive candidates (i.i.d. draws from q):
+    beta(rho) = sum_x min(p(x)/rho, q(x)),   p_acc(rho) = 1 - (1 - beta(rho))^k
+    rho* in [1, k] solves p_acc(rho) = rho * beta(rho)
+    candidate j (in path order) is accepted with probability min(1, p(x_j) / (rho* q(x_j))),
+    independently; the first accepted one is taken;
+    none accepted: Y ~ norm((p - min(p/rho*, q) * p_acc/beta)_+).
+The output is exact for every rho with p_acc(rho) <= rho beta(rho); bisection keeps that side of
+the bracket, so a finite number of steps costs a little acceptance, never exactness."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ssd_jax.verify._common import accept_prob, as_probs, check_multi, positive_part
+from ssd_jax.verify._tree_walk import walk
+from ssd_jax.verify.result import VerifyResult
+
+BISECTION_STEPS = 24   # bracket width (k - 1) / 2^24: below float32 resolution of rho for k <= 8
+
+
+def _beta(p, q, rho):
+    return jnp.sum(jnp.minimum(p * (1 / rho), q))
+
+
+def _p_acc(beta, k):
+    return 1 - jnp.power(jnp.clip(1 - beta, 0, 1), k)
+
+
+def spectr_rho(p, q, k):
+    """rho* for one node: p, q float [V]; k float scalar (number of candidates, >= 1).
+    Returns the upper end of the final bisection bracket, where p_acc <= rho * beta."""
+
+    def excess(rho):
+        beta = _beta(p, q, rho)
+        return _p_acc(beta, k) - rho * beta
+
+    def body(_, bracket):
+        lo, hi = bracket
+        mid = (lo + hi) / 2
+        too_low = excess(mid) > 0
+        return jnp.where(too_low, mid, lo), jnp.where(too_low, hi, mid)
+
+    one = jnp.ones((), p.dtype)
+    _, hi = jax.lax.fori_loop(0, BISECTION_STEPS, body, (one, jnp.maximum(k, 1).astype(p.dtype)))
+    return hi
+
+
+def spectr_node(p, q, candidates, alive):
+    """k-sequential selection at one node (same contract as `specinfer_node`).
+
+    p, q: float [V]; candidates: int32 [K]; alive: bool [K], k = number alive.
+    Returns (accept [K], residual [V])."""
+    k = jnp.sum(alive).astype(p.dtype)
+    rho = spectr_rho(p, q, k)
+    accepted_part = jnp.minimum(p * (1 / rho), q)
+    beta = jnp.sum(accepted_part)
+    # As beta -> 0, p_acc / beta -> k; the product with accepted_part (= 0 then) stays 0.
+    scale = jnp.where(beta > 0, _p_acc(beta, k) / jnp.where(beta > 0, beta, 1), k)
+    residual = positive_part(p - accepted_part * scale)
+    residual = jnp.where(jnp.sum(residual) > 0, residual, p)
+    accept = accept_prob(p[candidates], q[candidates], scale=rho)
+    return jnp.where(alive, accept, 0), residual
+
+
+@jax.jit
+def _spectr_core(key, paths, q, p):
+    return walk(spectr_node, key, paths, q, p)
+
+
+def spectr(key, paths, q, p) -> VerifyResult:
+    """SpecTr (k-sequential) verification of K i.i.d. draft paths sampled from the same root.
+
+    key: a jax.random key (split per row). paths: int [B, K, L]. q: float [B, K, L, V].
+    p: float [B, K, L+1, V] (rows of paths that share a prefix repeat).
+    Computed in float32 (float64 if given float64).
+    Returns VerifyResult(num_accepted [B], next_token [B], path_index [B])."""
+    paths, q, p = jnp.asarray(paths), jnp.asarray(q), jnp.asarray(p)
+    check_multi(paths, q, p)
+    q, p = as_probs(q, p)
+    return _spectr_core(key, paths.astype(jnp.int32), q, p)
