@@ -6,12 +6,48 @@ from typing import Sequence
 
 from ssd_jax.engine.autoregressive import generate_ar
 from ssd_jax.engine.output import GenerateOutput
-from ssd_jax.engine.prompts import prepare_prompts
+from ssd_jax.engine.prompts import PromptBatch, prepare_prompts
+from ssd_jax.engine.speculative import SPECULATIVE_METHODS, generate_speculative
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
+from ssd_jax.pairing import check_same_tokenizer
 from ssd_jax.sampling import SamplingParams
 
-METHODS = ("ar",)
+METHODS = ("ar",) + tuple(SPECULATIVE_METHODS)
+DEFAULT_NUM_DRAFT_TOKENS = 5
+DEFAULT_NUM_PATHS = 3
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _speculative_options(method: str, options: dict) -> tuple[int, int]:
+    unknown = sorted(set(options) - {"num_draft_tokens", "num_paths"})
+    if unknown:
+        raise InputError(f"method {method!r} does not take option(s) {', '.join(unknown)}; "
+                         f"it takes num_draft_tokens and num_paths")
+    multi = SPECULATIVE_METHODS[method][1]
+    length = _positive_int("num_draft_tokens", options.get("num_draft_tokens", DEFAULT_NUM_DRAFT_TOKENS))
+    paths = _positive_int("num_paths", options.get("num_paths", DEFAULT_NUM_PATHS if multi else 1))
+    if not multi and paths > 1:
+        multi_names = ", ".join(m for m, (_, is_multi) in SPECULATIVE_METHODS.items() if is_multi)
+        raise InputError(f"method {method!r} drafts a single path; num_paths={paths} needs one of {multi_names}")
+    return length, paths
+
+
+def _check_draft(target: Model, draft, batch: PromptBatch, max_new_tokens: int, length: int) -> None:
+    if draft is None:
+        raise InputError("speculative methods need a draft model: pass draft=ssd_jax.load(...)")
+    if not isinstance(draft, Model):
+        raise InputError(f"draft must be an ssd_jax Model (see ssd_jax.load), got {type(draft).__name__}")
+    check_same_tokenizer(target, draft)
+    needed = batch.max_length + max_new_tokens + length
+    if needed > draft.config.max_position_embeddings:
+        raise InputError(f"the draft sees up to {needed} positions, beyond its "
+                         f"max_position_embeddings={draft.config.max_position_embeddings}")
 
 
 def generate(
@@ -28,13 +64,18 @@ def generate(
     stream=None,
     **method_options,
 ) -> GenerateOutput:
-    """Generates up to max_new_tokens per prompt.
+    """Generates up to max_new_tokens per prompt with the target's exact output law.
 
     target: the model whose output law is reproduced. prompt_ids: a batch of token-id lists
-    (ragged). method: one of METHODS. temperature 0 is greedy; top_k / top_p filter as in
-    transformers. key: a jax PRNG key shared by every row (a row's output does not depend on its
-    batch), or one key per row; None means PRNGKey(0). Returns GenerateOutput(tokens,
-    finish_reasons, stats). Raises InputError on bad arguments.
+    (ragged). method: "ar" (autoregressive), or with a `draft` model "sd" (tokenwise speculative
+    sampling), "bv" (block verification), "specinfer", "spectr", "gbv" (K i.i.d. draft paths).
+    method_options: num_draft_tokens (L, default 5) and num_paths (K, default 3 for multi-path
+    methods). temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
+    as in transformers, identically for draft and target. key: a jax PRNG key shared by every row
+    (a row's output does not depend on its batch), or one key per row; None means PRNGKey(0).
+    stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
+    are produced (row b produced new_tokens[b, :counts[b]]); it costs a small host copy per step.
+    Returns GenerateOutput(tokens, finish_reasons, stats). Raises InputError on bad arguments.
     """
     if not isinstance(target, Model):
         raise InputError(f"target must be an ssd_jax Model (see ssd_jax.load), got {type(target).__name__}")
@@ -48,4 +89,7 @@ def generate(
         if method_options:
             raise InputError(f"method 'ar' takes no options, got {', '.join(sorted(method_options))}")
         return generate_ar(target, batch, int(max_new_tokens), sampling, key, stream=stream)
-    raise AssertionError(method)
+    length, paths = _speculative_options(method, method_options)
+    _check_draft(target, draft, batch, int(max_new_tokens), length)
+    return generate_speculative(target, draft, batch, int(max_new_tokens), sampling, key, method=method,
+                                num_draft_tokens=length, num_paths=paths, stream=stream)

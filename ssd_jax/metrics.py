@@ -1,0 +1,58 @@
+"""Speculative-decoding counters with vLLM's definitions, accumulated on the device and turned
+into the `stats` dict on the host.
+
+num_drafts: verification steps (per row, summed); num_draft_tokens = num_drafts * L;
+num_accepted_tokens: draft tokens accepted; accepted_per_position[i]: drafts whose token i+1 was
+accepted; acceptance_rate = accepted / drafted; mean_acceptance_length = 1 + accepted / num_drafts
+(counts the bonus token); block_efficiency = generated tokens / target calls (per row, summed).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class SpecCounters:
+    """num_drafts int32 [B]; num_accepted int32 [B]; per_position int32 [B, L]; target_calls int32 []."""
+
+    num_drafts: jax.Array
+    num_accepted: jax.Array
+    per_position: jax.Array
+    target_calls: jax.Array
+
+    @classmethod
+    def zeros(cls, batch: int, num_draft_tokens: int) -> "SpecCounters":
+        return cls(num_drafts=jnp.zeros((batch,), jnp.int32), num_accepted=jnp.zeros((batch,), jnp.int32),
+                   per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
+                   target_calls=jnp.ones((), jnp.int32))
+
+    def record(self, active: jax.Array, num_accepted: jax.Array) -> "SpecCounters":
+        """One verification step: active bool [B] rows took part; num_accepted int32 [B]."""
+        length = self.per_position.shape[1]
+        act = active.astype(jnp.int32)
+        positions = (jnp.arange(length)[None, :] < num_accepted[:, None]).astype(jnp.int32) * act[:, None]
+        return SpecCounters(num_drafts=self.num_drafts + act, num_accepted=self.num_accepted + num_accepted * act,
+                            per_position=self.per_position + positions, target_calls=self.target_calls + 1)
+
+
+def speculative_stats(counters: SpecCounters, num_out: np.ndarray, num_draft_tokens: int) -> dict:
+    """Host-side stats dict from the final counters and per-row generated counts."""
+    drafts = int(np.sum(counters.num_drafts))
+    accepted = int(np.sum(counters.num_accepted))
+    drafted = drafts * num_draft_tokens
+    generated = int(np.sum(num_out))
+    row_calls = int(np.sum(np.asarray(counters.num_drafts) + 1))  # + the prefill call
+    return dict(
+        num_drafts=drafts,
+        num_draft_tokens=drafted,
+        num_accepted_tokens=accepted,
+        accepted_per_position=np.sum(np.asarray(counters.per_position), axis=0).tolist(),
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=1 + accepted / drafts if drafts else 0.0,
+        block_efficiency=generated / row_calls if row_calls else 0.0,
+        target_calls=int(counters.target_calls),
+    )

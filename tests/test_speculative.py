@@ -1,0 +1,149 @@
+"""The speculative engine is lossless: greedy output equals autoregressive output token for token,
+and the sampled output law equals the target's, for every method."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import ssd_jax
+from ssd_jax import verify
+from ssd_jax.engine import speculative
+from ssd_jax.errors import InputError
+from ssd_jax.sampling import SamplingParams, probabilities
+from spec_models import llama, noisy_copy, pair
+
+METHOD_OPTIONS = [
+    ("sd", dict(num_draft_tokens=4)),
+    ("bv", dict(num_draft_tokens=3)),
+    ("specinfer", dict(num_draft_tokens=3, num_paths=3)),
+    ("spectr", dict(num_draft_tokens=3, num_paths=2)),
+    ("gbv", dict(num_draft_tokens=4, num_paths=3)),
+    ("gbv", dict(num_draft_tokens=2, num_paths=1)),
+]
+
+
+@pytest.fixture(scope="module")
+def models():
+    return pair(vocab=64, seed=0, noise=0.6)
+
+
+@pytest.mark.parametrize("method, options", METHOD_OPTIONS)
+def test_greedy_equals_autoregressive_batched_and_alone(models, method, options):
+    target, draft = models
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(2, 64, n).tolist() for n in (6, 1, 13)]
+    reference = ssd_jax.generate(target, prompts, max_new_tokens=40)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft, **options)
+    assert out.tokens == reference.tokens
+    assert out.finish_reasons == reference.finish_reasons
+    assert out.stats["num_accepted_tokens"] > 0  # the noisy draft agrees often enough to matter
+    alone = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, method=method, draft=draft, **options)
+    assert alone.tokens[0] == out.tokens[1]
+
+
+def test_greedy_with_a_perfect_draft_accepts_everything(models):
+    target, _ = models
+    out = ssd_jax.generate(target, [[3, 4, 5]], max_new_tokens=30, method="sd", draft=target, num_draft_tokens=4)
+    assert out.stats["acceptance_rate"] == 1.0
+    assert out.tokens == ssd_jax.generate(target, [[3, 4, 5]], max_new_tokens=30).tokens
+
+
+def test_draft_with_a_different_vocabulary_size_is_masked(models):
+    target, _ = models
+    wide = noisy_copy(llama(72, 64, 2, seed=5), 0.0, 0)  # 8 ids the target lacks
+    out = ssd_jax.generate(target, [[3, 4, 5], [9]], max_new_tokens=20, method="bv", draft=wide)
+    assert out.tokens == ssd_jax.generate(target, [[3, 4, 5], [9]], max_new_tokens=20).tokens
+
+
+# ---------------------------------------------------------------------------------- sampling law
+
+VOCAB, NEW, SAMPLES = 4, 3, 6000
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    target = llama(VOCAB, 32, 1, seed=3, scale=0.4, eos=())
+    return target, noisy_copy(target, 1.0, 4)
+
+
+def _exact_law(target, prompt, sampling):
+    """P(x1..x3 | prompt) for all VOCAB**3 continuations, float64."""
+    law = np.zeros((VOCAB,) * NEW)
+    for seq in itertools.product(range(VOCAB), repeat=NEW):
+        tokens = np.array([prompt + list(seq)])
+        probs = np.asarray(probabilities(ssd_jax.forward(target, tokens)[0], sampling), np.float64)
+        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
+    return law / law.sum()
+
+
+def _empirical(target, draft, prompt, method, options, sampling):
+    keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=method, draft=draft, key=keys,
+                           temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, **options)
+    counts = np.zeros((VOCAB,) * NEW)
+    for row in out.tokens:
+        counts[tuple(row)] += 1
+    return counts / SAMPLES
+
+
+def _consistent(freq, law) -> bool:
+    # Per-outcome z-test at 5 sigma over 64 outcomes: false-failure probability < 1e-4 per call.
+    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
+    return bool(np.all(np.abs(freq - law) <= 5 * sigma + 1e-9))
+
+
+@pytest.mark.parametrize("method, options", [
+    ("sd", dict(num_draft_tokens=2)), ("bv", dict(num_draft_tokens=2)),
+    ("specinfer", dict(num_draft_tokens=2, num_paths=3)), ("spectr", dict(num_draft_tokens=2, num_paths=3)),
+    ("gbv", dict(num_draft_tokens=2, num_paths=3)),
+])
+def test_sampled_law_equals_target_law(tiny_models, method, options):
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1]
+    law = _exact_law(target, prompt, sampling)
+    assert _consistent(_empirical(target, draft, prompt, method, options, sampling), law)
+
+
+def test_sampling_law_check_has_power(tiny_models, monkeypatch):
+    """Greedy acceptance at temperature 1 (a bug public engines shipped) fails the same check."""
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=1.0)
+    monkeypatch.setitem(speculative.SPECULATIVE_METHODS, "sd", (verify.greedy, False))
+    prompt = [0, 2, 1]
+    freq = _empirical(target, draft, prompt, "sd", dict(num_draft_tokens=2), sampling)
+    assert not _consistent(freq, _exact_law(target, prompt, sampling))
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(method="sd"), "need a draft model"),
+    (dict(method="sd", num_draft_tokens=0), "num_draft_tokens must be an integer >= 1"),
+    (dict(method="gbv", num_paths=0), "num_paths must be an integer >= 1"),
+    (dict(method="bv", num_paths=2), "drafts a single path"),
+    (dict(method="sd", lenience=2), "does not take option"),
+])
+def test_bad_speculative_arguments(models, kwargs, match):
+    target, draft = models
+    if kwargs.get("method") and "need a draft" not in match:
+        kwargs["draft"] = draft
+    with pytest.raises(InputError, match=match):
+        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, **kwargs)
+
+
+def test_draft_with_another_tokenizer_is_refused(models):
+    from tokenizers import Tokenizer, models as tok_models
+
+    target, draft = models
+    a = Tokenizer(tok_models.WordLevel({f"a{i}": i for i in range(64)}, unk_token="a0"))
+    b = Tokenizer(tok_models.WordLevel({f"b{i}": i for i in range(64)}, unk_token="b0"))
+    import dataclasses
+
+    with pytest.raises(InputError, match="draft tokenizer differs"):
+        ssd_jax.generate(dataclasses.replace(target, tokenizer=a), [[1, 2]], max_new_tokens=4, method="sd",
+                         draft=dataclasses.replace(draft, tokenizer=b))
