@@ -60,6 +60,12 @@ def _atomic_directory(dst: str, overwrite: bool):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    # mkdtemp makes a private (0700) directory; a model directory is ordinary readable data.
+    os.chmod(tmp, 0o755)
+    for name in os.listdir(tmp):
+        path = os.path.join(tmp, name)
+        if os.path.isfile(path):
+            os.chmod(path, 0o644)
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)

@@ -24,7 +24,7 @@ def test_demo_runs_end_to_end(tmp_path):
 
 def test_generate_with_prompt_ids_prints_json(hf_family):
     directory, _ = hf_family("llama3")
-    result = _cli("generate", "--model", directory, "--prompt-ids", "3,4,5", "--prompt-ids", "9",
+    result = _cli("generate", "--target", directory, "--method", "ar", "--prompt-ids", "3,4,5", "--prompt-ids", "9",
                   "--max-new-tokens", "6", "--json")
     assert result.returncode == 0, result.stderr
     payload = json.loads(result.stdout)
@@ -33,9 +33,11 @@ def test_generate_with_prompt_ids_prints_json(hf_family):
 
 def test_generate_reports_bad_input_cleanly(hf_family):
     directory, _ = hf_family("llama3")
-    result = _cli("generate", "--model", directory, "--prompt-ids", "3,999", "--max-new-tokens", "4")
+    result = _cli("generate", "--target", directory, "--method", "ar", "--prompt-ids", "3,999", "--max-new-tokens", "4")
     assert result.returncode == 2
     assert "token id 999 outside the vocabulary" in result.stderr
     assert "Traceback" not in result.stderr
-    result = _cli("generate", "--model", directory, "--prompt", "hi")
+    result = _cli("generate", "--target", directory, "--method", "ar", "hi")
     assert result.returncode == 2 and "tokenizer.json" in result.stderr
+    result = _cli("generate", "--target", directory, "--prompt-ids", "3")
+    assert result.returncode == 2 and "need a draft model" in result.stderr

@@ -17,6 +17,7 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in open(os.path.join(REPO, ".ci", "run")).read().splitlines()
 
 
-def test_readme_main_command_runs_the_demo():
+def test_readme_main_command_runs_generate_on_the_embedded_pair():
     readme = open(os.path.join(REPO, "README.md")).read()
-    assert _bash_blocks(readme)[0].endswith("ssd-jax demo")
+    main_command = _bash_blocks(readme)[0]
+    assert "ssd-jax generate" in main_command and "--target" not in main_command

@@ -35,7 +35,8 @@ def register(subparsers) -> None:
                         help="target model directory, HF or converted (default: embedded target)")
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--method", default="ar", help="decoding method (see `ssd_jax.METHODS`)")
+    parser.add_argument("--method", default="sd",
+                        help="ar, sd, bv, specinfer, spectr or gbv (default: sd; see README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
     parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")

@@ -1,0 +1,27 @@
+"""Held-out prompts: windows of the stdlib files the embedded models never trained on."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ssd_jax.train.corpus import collect_corpus, read_text
+
+
+def heldout_prompts(tokenizer, count: int = 20, prompt_tokens: int = 64, seed: int = 0) -> list[list[int]]:
+    """`count` prompts of `prompt_tokens` ids, each starting at a line start of a held-out file."""
+    corpus = collect_corpus()
+    rng = np.random.default_rng(seed)
+    files = list(corpus.heldout)
+    rng.shuffle(files)
+    prompts = []
+    for path in files:
+        ids = tokenizer.encode(read_text(path)).ids
+        if len(ids) < prompt_tokens + 256:
+            continue
+        newline_starts = [i + 1 for i, t in enumerate(ids[: len(ids) - prompt_tokens - 200])
+                          if "\n" in tokenizer.decode([t])]
+        start = int(rng.choice(newline_starts)) if newline_starts else 0
+        prompts.append(ids[start: start + prompt_tokens])
+        if len(prompts) == count:
+            break
+    return prompts
