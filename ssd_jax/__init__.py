@@ -1,9 +1,10 @@
 """ssd_jax: speculative decoding for JAX.
 
-Public API: `load`, `forward`, `generate`, `Model`, `ModelConfig`, `SamplingParams`,
+Public API: `load`, `forward`, `generate`, `default_models`, `Model`, `ModelConfig`, `SamplingParams`,
 `GenerateOutput`, and the exceptions in `ssd_jax.errors`. Verifiers live in `ssd_jax.verify`.
 """
 
+from ssd_jax.defaults import default_models
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
 from ssd_jax.generate import METHODS, generate
@@ -17,5 +18,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
-    "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "forward", "generate", "load",
+    "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "default_models", "forward", "generate", "load",
 ]
