@@ -1,0 +1,112 @@
+"""The embedded default pair: loads, agrees with transformers, generates; the main-job CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import ssd_jax
+from ssd_jax.defaults import default_model_dirs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return ssd_jax.default_models()
+
+
+def test_pair_shapes_sizes_and_tokenizer(pair):
+    target, draft = pair
+    assert target.config.model_type == draft.config.model_type == "llama"
+    assert target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
+    assert target.config.vocab_size == draft.config.vocab_size == target.tokenizer.get_vocab_size()
+    assert target.path == default_model_dirs()[0] and draft.path == default_model_dirs()[1]
+    assert draft.config.num_params * 8 < target.config.num_params
+    shipped = sum(os.path.getsize(os.path.join(d, f)) for d in default_model_dirs() for f in os.listdir(d))
+    assert shipped < 50 * 2**20
+
+
+@pytest.mark.parametrize("which", [0, 1])
+def test_transformers_loads_the_shipped_directories_with_our_logits(pair, which):
+    model = pair[which]
+    reference = AutoModelForCausalLM.from_pretrained(default_model_dirs()[which], dtype=torch.float32).eval()
+    tokens = np.array([model.tokenizer.encode("def add(a, b):\n    return a + b\n").ids])
+    with torch.no_grad():
+        expected = reference(torch.tensor(tokens)).logits.numpy()
+    ours = np.asarray(ssd_jax.forward(model, tokens))
+    assert np.abs(ours - expected).max() / np.abs(expected).max() < 1e-4
+
+
+def test_pair_generates_python(pair):
+    target, draft = pair
+    prompt = target.tokenizer.encode("import os\n\n\ndef ").ids
+    out = ssd_jax.generate(target, [prompt], max_new_tokens=32)
+    text = out.texts(target.tokenizer)[0]
+    assert len(out.tokens[0]) > 0 and text.strip()
+    spec = ssd_jax.generate(target, [prompt], max_new_tokens=32, method="sd", draft=draft)
+    assert spec.tokens == out.tokens
+    assert spec.stats["acceptance_rate"] > 0.3
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "ssd_jax.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          timeout=600)
+
+
+def test_main_job_json_output_has_the_named_fields():
+    result = _cli("generate", "def fibonacci(n):", "--method", "sd", "--max-new-tokens", "24", "--json")
+    assert result.returncode == 0, result.stderr
+    payload = json.loads(result.stdout)
+    for field in ("tokens_per_second", "acceptance_rate", "mean_acceptance_length", "block_efficiency",
+                  "num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position",
+                  "target_calls", "wall_time_s"):
+        assert field in payload["stats"], field
+    assert payload["texts"][0]
+
+
+def test_main_job_streams_text_and_compares():
+    result = _cli("generate", "class Stack:", "--max-new-tokens", "16")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("class Stack:") and "tokens_per_second" in result.stdout
+    result = _cli("generate", "x = ", "--method", "bv", "--max-new-tokens", "16", "--compare")
+    assert result.returncode == 0, result.stderr
+    assert "speedup over autoregressive" in result.stdout
+
+
+@pytest.mark.parametrize("args, match", [
+    (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
+    (["generate", "x", "--target", "/nonexistent/model"], "does not exist"),
+    (["generate", "x", "--method", "sd", "--num-draft-tokens", "0"], "num_draft_tokens must be"),
+    (["generate", "x", "--temperature", "-1"], "temperature must be"),
+])
+def test_main_job_errors_are_one_line(args, match):
+    result = _cli(*args)
+    assert result.returncode == 2
+    assert match in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_main_job_refuses_a_draft_with_another_tokenizer(tmp_path, hf_family):
+    directory, _ = hf_family("llama3")
+    from tokenizers import Tokenizer, models
+
+    tok = Tokenizer(models.WordLevel({f"w{i}": i for i in range(96)}, unk_token="w0"))
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    try:
+        result = _cli("generate", "x", "--method", "sd", "--draft", directory)
+    finally:
+        os.remove(os.path.join(directory, "tokenizer.json"))
+    assert result.returncode == 2 and "draft tokenizer differs" in result.stderr
+
+
+def test_bad_flag_gets_usage_error():
+    result = _cli("generate", "x", "--no-such-flag")
+    assert result.returncode == 2 and "unrecognized arguments" in result.stderr
