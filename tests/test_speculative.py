@@ -147,3 +147,46 @@ def test_draft_with_another_tokenizer_is_refused(models):
     with pytest.raises(InputError, match="draft tokenizer differs"):
         ssd_jax.generate(dataclasses.replace(target, tokenizer=a), [[1, 2]], max_new_tokens=4, method="sd",
                          draft=dataclasses.replace(draft, tokenizer=b))
+
+
+# ---------------------------------------------------------------------------------- cache consistency
+
+@pytest.mark.parametrize("method, options, temperature", [
+    ("sd", dict(num_draft_tokens=4, num_paths=1), 1.0),
+    ("bv", dict(num_draft_tokens=3, num_paths=1), 0.0),
+    ("gbv", dict(num_draft_tokens=3, num_paths=3), 1.0),
+])
+def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, options, temperature):
+    """After many accept/reject steps (and compactions of tree paths), the target's cache holds
+    exactly the K/V a fresh prefill of prompt + emitted tokens (all but the last) produces."""
+    import functools
+
+    import jax.numpy as jnp
+
+    from ssd_jax.engine.autoregressive import prefill
+    from ssd_jax.engine.prompts import prepare_prompts, row_keys
+
+    target, draft = models
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(2, 64, n).tolist() for n in (5, 9)]
+    batch = prepare_prompts(prompts, target.config, 40)
+    plan = speculative.SpecPlan(method=method, num_draft_tokens=options["num_draft_tokens"],
+                                num_paths=options["num_paths"], out_size=64, capacity=16 + 64 + 24)
+    decode = jax.jit(functools.partial(speculative._decode, tcfg=target.config, dcfg=draft.config,
+                                       sampling=SamplingParams(temperature), plan=plan, stream=False,
+                                       return_caches=True))
+    out, num_out, _, counters, tcache, _ = decode(
+        target.params, draft.params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+        row_keys(jax.random.PRNGKey(3), 2), jnp.asarray(40, jnp.int32), jnp.asarray([-1], jnp.int32))
+    assert int(np.sum(counters.num_drafts)) > 10
+    for row, prompt in enumerate(prompts):
+        emitted = np.asarray(out)[row, : int(num_out[row])].tolist()
+        text = prompt + emitted[:-1]
+        # The last step may commit accepted tokens past the max_new_tokens cut; they are never read.
+        assert len(text) <= int(tcache.lengths[row]) <= len(text) + plan.num_draft_tokens + 1
+        tokens = jnp.asarray([text + [0] * (64 - len(text))], jnp.int32)
+        _, fresh = prefill(target.params, target.config, tokens, jnp.asarray([len(text)], jnp.int32), 64)
+        n = len(text)
+        for ours, ref in ((tcache.k, fresh.k), (tcache.v, fresh.v)):
+            np.testing.assert_allclose(np.asarray(ours)[:, row, :, :n], np.asarray(ref)[:, 0, :, :n],
+                                       rtol=1e-4, atol=1e-5)

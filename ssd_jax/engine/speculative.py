@@ -83,7 +83,7 @@ def _emitted(chosen: jax.Array, num_accepted: jax.Array, next_token: jax.Array) 
 
 
 def _decode(tparams, dparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: ModelConfig, dcfg: ModelConfig,
-            sampling: SamplingParams, plan: SpecPlan, stream: bool):
+            sampling: SamplingParams, plan: SpecPlan, stream: bool, return_caches: bool = False):
     b = tokens.shape[0]
     L, K = plan.num_draft_tokens, plan.num_paths
     vocab = tcfg.vocab_size
@@ -165,6 +165,8 @@ def _decode(tparams, dparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: 
                  step=jnp.ones((), jnp.int32))
     state = jax.lax.while_loop(cond, body, state)
     out = state["outputs"]
+    if return_caches:  # for tests: the final target and draft caches
+        return out.out, out.num_out, out.finish, state["counters"], state["tcache"], state["dcache"]
     return out.out, out.num_out, out.finish, state["counters"]
 
 
