@@ -17,7 +17,7 @@ from ssd_jax.engine.streaming import StreamSink, emit, streaming_to
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit, init_cache
-from ssd_jax.models.transformer import forward_cached, unstack_layers
+from ssd_jax.models.transformer import decode_params, forward_cached
 from ssd_jax.sampling import SamplingParams, sample_from_logits
 
 
@@ -26,7 +26,7 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
 
     tokens int32 [B, T]; lengths int32 [B]. Returns (float32 logits [B, V] at each row's last
     prompt token, cache with lengths = prompt lengths). Pad slots are written but not committed.
-    With per-layer params (`unstack_layers`) the cache is per-layer too.
+    With per-layer params (`decode_params`, `unstack_layers`) the cache is per-layer too.
     """
     b, t = tokens.shape
     per_layer = isinstance(params["layers"], (tuple, list))
@@ -42,8 +42,10 @@ def sample_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array) ->
 
 
 def unroll_layers() -> bool:
-    """Whether decode loops unstack the layers (see `ssd_jax.models.transformer`): on CPU, where
-    the scan's per-step weight copies dominate a decode step."""
+    """Whether decode loops run on `decode_params` (layers unstacked and unrolled, see
+    `ssd_jax.models.transformer`): on CPU, where the scan copies every layer's weights at every
+    step. Elsewhere the scan stays (one layer in the program, no second copy of the weights)
+    until measured there."""
     return jax.default_backend() == "cpu"
 
 
@@ -51,7 +53,7 @@ def _decode(params, tokens, lengths, keys, max_new, eos_ids, *, config, sampling
     b = tokens.shape[0]
     rows = jnp.arange(b)
     if unroll_layers():
-        params = unstack_layers(params)
+        params = decode_params(params, config)
     logits, cache = prefill(params, config, tokens, lengths, capacity)
 
     def sample_step(state, logits):

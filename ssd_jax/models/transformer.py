@@ -3,6 +3,13 @@
 Params are a plain pytree (see `ssd_jax.models.params`) whose per-layer leaves are stacked on a
 leading layer axis; the layers run under `lax.scan`, so the compiled program holds one layer.
 All functions here are pure and take the (hashable) `ModelConfig` as a static argument.
+
+`unstack_layers` turns `params["layers"]` into a tuple of per-layer dicts; the forwards accept
+either form and run a tuple as an unrolled Python loop. Decode loops on CPU call `decode_params`
+once, outside their `while_loop`: XLA:CPU copies each scan step's slice of every stacked weight
+before its dot (the dynamic-slice is not fused into the matmul), which adds two extra passes over
+the weights to every memory-bound decode step. The price is a larger program (longer compile) and,
+while the loop runs, a second copy of the layer weights.
 """
 
 from __future__ import annotations
@@ -33,16 +40,22 @@ def embed(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.A
 def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
     """hidden [..., D] -> float32 logits [..., V] (final norm included)."""
     h = norm(config, hidden, params["final_norm"])
-    kernel = params["embed"].T if config.tie_word_embeddings else params["lm_head"]["kernel"]
+    # A tied model's params may carry an explicit (transposed) head: see `decode_params`.
+    kernel = params["lm_head"]["kernel"] if "lm_head" in params else params["embed"].T
     return jnp.einsum("...d,dv->...v", h, kernel, preferred_element_type=jnp.float32)
 
 
 def _project_qkv(config: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array):
     """x [B,T,D] -> q [B,T,H,hd], k and v [B,T,KVH,hd], rotated where the family uses RoPE."""
     b, t, _ = x.shape
-    q = _dense(x, lp["q"]).reshape(b, t, config.num_heads, config.head_dim)
-    k = _dense(x, lp["k"]).reshape(b, t, config.num_kv_heads, config.head_dim)
-    v = _dense(x, lp["v"]).reshape(b, t, config.num_kv_heads, config.head_dim)
+    if "qkv" in lp:  # fused by `decode_params`
+        q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        q, k, v = jnp.split(_dense(x, lp["qkv"]), [q_size, q_size + kv_size], axis=-1)
+    else:
+        q, k, v = _dense(x, lp["q"]), _dense(x, lp["k"]), _dense(x, lp["v"])
+    q = q.reshape(b, t, config.num_heads, config.head_dim)
+    k = k.reshape(b, t, config.num_kv_heads, config.head_dim)
+    v = v.reshape(b, t, config.num_kv_heads, config.head_dim)
     if config.qk_norm:
         q = rms_norm(q, lp["q_norm"]["scale"], config.norm_eps)
         k = rms_norm(k, lp["k_norm"]["scale"], config.norm_eps)
@@ -70,6 +83,9 @@ def _attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, mask:
 
 
 def _mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
+    if "gate_up" in lp:  # fused by `decode_params`
+        gate, up = jnp.split(_dense(x, lp["gate_up"]), 2, axis=-1)
+        return _dense(activation(config.activation, gate) * up, lp["down"])
     if config.mlp == "gated":
         hidden = activation(config.activation, _dense(x, lp["gate"])) * _dense(x, lp["up"])
         return _dense(hidden, lp["down"])
@@ -88,6 +104,46 @@ def _window_ok(config: ModelConfig, query_pos: jax.Array, key_pos: jax.Array) ->
     return query_pos - key_pos < config.sliding_window
 
 
+def unstack_layers(params: dict) -> dict:
+    """params with `layers` as a tuple of per-layer dicts (a no-op if it already is one)."""
+    layers = params["layers"]
+    if isinstance(layers, (tuple, list)):
+        return params
+    num_layers = jax.tree.leaves(layers)[0].shape[0]
+    return dict(params, layers=tuple(jax.tree.map(lambda a, i=i: a[i], layers) for i in range(num_layers)))
+
+
+def _fuse(parts: list[dict]) -> dict:
+    """Dense layers sharing an input -> one layer whose outputs are theirs, concatenated."""
+    fused = {"kernel": jnp.concatenate([p["kernel"] for p in parts], axis=-1)}
+    if "bias" in parts[0]:
+        fused["bias"] = jnp.concatenate([p["bias"] for p in parts], axis=-1)
+    return fused
+
+
+def decode_params(params: dict, config: ModelConfig) -> dict:
+    """The params a CPU decode loop runs on, made once outside the loop: layers unstacked, q/k/v
+    and gate/up fused into one matmul each (fewer, larger matrix-vector products use the memory
+    bandwidth better), and for tied embeddings an explicit head kernel [D, V] (XLA:CPU's batched
+    matmul against `embed.T` [V, D] is about twice as slow as against a [D, V] kernel at batch 8)."""
+    layers = []
+    for lp in unstack_layers(params)["layers"]:
+        lp = dict(lp)
+        if "q" in lp:
+            lp["qkv"] = _fuse([lp.pop("q"), lp.pop("k"), lp.pop("v")])
+        if "gate" in lp:
+            lp["gate_up"] = _fuse([lp.pop("gate"), lp.pop("up")])
+        layers.append(lp)
+    params = dict(params, layers=tuple(layers))
+    if config.tie_word_embeddings and "lm_head" not in params:
+        params = dict(params, lm_head={"kernel": jnp.transpose(params["embed"])})
+    return params
+
+
+def _unstacked(params: dict) -> bool:
+    return isinstance(params["layers"], (tuple, list))
+
+
 def forward_full(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
     """Reference causal forward with no cache: int32 [B, T] -> float32 logits [B, T, V]."""
     b, t = tokens.shape
@@ -101,7 +157,12 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Ar
         attn = _attend(config, q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
         return _layer_output(config, lp, x, attn), None
 
-    x, _ = jax.lax.scan(layer, embed(params, config, tokens, positions), params["layers"])
+    x = embed(params, config, tokens, positions)
+    if _unstacked(params):
+        for lp in params["layers"]:
+            x, _ = layer(x, lp)
+    else:
+        x, _ = jax.lax.scan(layer, x, params["layers"])
     return lm_head(params, config, x)
 
 
@@ -146,24 +207,56 @@ def forward_cached(
     token i may attend to new token j (default causal). logit_indices: optional int32 [B, M]
     selecting which of the T outputs get logits (saves the LM head on long prefills).
     Returns float32 logits [B, T or M, V] and the updated cache.
+
+    Stacked params with a stacked cache run the layers under `lax.scan`; per-layer params
+    (`unstack_layers`) or a per-layer cache run them as an unrolled loop. The cache comes back in
+    the layout it came in.
     """
     b, t = tokens.shape
     mask = cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
     rows = jnp.arange(b)[:, None]
     write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
 
-    def layer(carry, layer_in):
-        x, k_all, v_all = carry
-        lp, i = layer_in
+    def attention(lp, x, k_buf, v_buf, i=None):
+        """One layer through its cache: k_buf, v_buf [B, KVH, S, hd], or stacked with layer index i."""
         q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions)
-        k_all = k_all.at[i, rows, :, write_slots].set(k.astype(k_all.dtype), mode="drop")
-        v_all = v_all.at[i, rows, :, write_slots].set(v.astype(v_all.dtype), mode="drop")
-        attn = _attend(config, q, k_all[i], v_all[i], mask)
-        return (_layer_output(config, lp, x, attn), k_all, v_all), None
+        k, v = k.astype(k_buf.dtype), v.astype(v_buf.dtype)
+        if i is None:
+            # One extra update per row aimed past capacity (dropped) keeps this a scatter: XLA
+            # rewrites a one-window scatter into a dynamic-update-slice, which it then duplicated
+            # into the attention's operand, copying the whole layer cache several times per step.
+            pad = jnp.full((b, 1), cache.capacity, jnp.int32)
+            slots_x = jnp.concatenate([write_slots, pad], axis=1)
+            zeros = jnp.zeros_like(k[:, :1])
+            k_buf = k_buf.at[rows, :, slots_x].set(jnp.concatenate([k, zeros], 1), mode="drop")
+            v_buf = v_buf.at[rows, :, slots_x].set(jnp.concatenate([v, zeros], 1), mode="drop")
+            k_cur, v_cur = k_buf, v_buf
+        else:
+            k_buf = k_buf.at[i, rows, :, write_slots].set(k, mode="drop")
+            v_buf = v_buf.at[i, rows, :, write_slots].set(v, mode="drop")
+            k_cur, v_cur = k_buf[i], v_buf[i]
+        attn = _attend(config, q, k_cur, v_cur, mask)
+        return _layer_output(config, lp, x, attn), k_buf, v_buf
 
     x = embed(params, config, tokens, positions)
-    layer_ids = jnp.arange(config.num_layers)
-    (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
+    if cache.per_layer or _unstacked(params):
+        layers = unstack_layers(params)["layers"]
+        if cache.per_layer:
+            k_list, v_list = list(cache.k), list(cache.v)
+            for i, lp in enumerate(layers):
+                x, k_list[i], v_list[i] = attention(lp, x, k_list[i], v_list[i])
+            k_all, v_all = tuple(k_list), tuple(v_list)
+        else:
+            k_all, v_all = cache.k, cache.v
+            for i, lp in enumerate(layers):
+                x, k_all, v_all = attention(lp, x, k_all, v_all, i)
+    else:
+        def layer(carry, layer_in):
+            lp, i = layer_in
+            return attention(lp, *carry, i), None
+
+        layer_ids = jnp.arange(config.num_layers)
+        (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
     if logit_indices is not None:
         x = jnp.take_along_axis(x, logit_indices[:, :, None].astype(jnp.int32), axis=1)
     return lm_head(params, config, x), cache.replace(k=k_all, v=v_all)
