@@ -165,6 +165,7 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
 
     from ssd_jax.engine.autoregressive import prefill
     from ssd_jax.engine.prompts import prepare_prompts, row_keys
+    from ssd_jax.models.kv_cache import to_stacked
 
     target, draft = models
     rng = np.random.default_rng(7)
@@ -186,6 +187,7 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
         assert len(text) <= int(tcache.lengths[row]) <= len(text) + plan.num_draft_tokens + 1
         tokens = jnp.asarray([text + [0] * (64 - len(text))], jnp.int32)
         _, fresh = prefill(target.params, target.config, tokens, jnp.asarray([len(text)], jnp.int32), 64)
+        tcache, fresh = to_stacked(tcache), to_stacked(fresh)
         n = len(text)
         for ours, ref in ((tcache.k, fresh.k), (tcache.v, fresh.v)):
             np.testing.assert_allclose(np.asarray(ours)[:, row, :, :n], np.asarray(ref)[:, 0, :, :n],
