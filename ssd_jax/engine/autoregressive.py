@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.engine.compiled import compiled
-from ssd_jax.engine.output import FINISH_EOS, FINISH_LENGTH, GenerateOutput, rows_from_buffers
+from ssd_jax.engine.emission import Outputs, append, stop_rows
+from ssd_jax.engine.output import GenerateOutput, rows_from_buffers
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
 from ssd_jax.engine.streaming import StreamSink, emit, streaming_to
 from ssd_jax.model import Model
@@ -51,51 +52,38 @@ def unroll_layers() -> bool:
 
 def _decode(params, tokens, lengths, keys, max_new, eos_ids, *, config, sampling, out_size, capacity, stream):
     b = tokens.shape[0]
-    rows = jnp.arange(b)
     if unroll_layers():
         params = decode_params(params, config)
     logits, cache = prefill(params, config, tokens, lengths, capacity)
 
     def sample_step(state, logits):
         """Samples the next token of every active row from logits [B, V] and records it."""
-        step_keys = jax.vmap(jax.random.fold_in)(keys, state["num_out"])
+        outputs: Outputs = state["outputs"]
+        step_keys = jax.vmap(jax.random.fold_in)(keys, outputs.num_out)
         token = sample_rows(sampling, step_keys, logits)
-        active = ~state["done"]
-        slot = jnp.where(active, state["num_out"], out_size)  # out of range -> dropped
-        out = state["out"].at[rows, slot].set(token, mode="drop")
-        num_out = state["num_out"] + active
+        outputs, appended = append(outputs, token[:, None], jnp.ones((b,), jnp.int32), max_new, eos_ids)
         if stream:
-            emit(token[:, None], active.astype(jnp.int32))
-        is_eos = active & jnp.isin(token, eos_ids)
-        cache: KVCache = state["cache"]
-        full = (num_out >= max_new) | (cache.lengths + 1 > capacity)
-        hit_length = active & ~is_eos & full
-        finish = jnp.where(is_eos, FINISH_EOS, jnp.where(hit_length, FINISH_LENGTH, state["finish"]))
-        done = state["done"] | is_eos | hit_length
-        return dict(state, out=out, num_out=num_out, done=done, finish=finish, token=token)
+            emit(token[:, None], appended)
+        # A row whose cache has no slot for this token's forward ends with reason "length".
+        outputs = stop_rows(outputs, state["cache"].lengths + 1 > capacity)
+        return dict(state, outputs=outputs, token=token)
 
     def cond(state):
-        return ~jnp.all(state["done"])
+        return ~jnp.all(state["outputs"].done)
 
     def body(state):
         # Entered only while some row is active, so every iteration needs this forward; no
         # lax.cond around it (a cond made XLA copy the whole cache at every step).
         cache: KVCache = state["cache"]
         logits, cache = forward_cached(params, config, state["token"][:, None], cache.lengths[:, None], cache)
-        cache = commit(cache, (~state["done"]).astype(jnp.int32))
+        cache = commit(cache, (~state["outputs"].done).astype(jnp.int32))
         return sample_step(dict(state, cache=cache, calls=state["calls"] + 1), logits[:, 0])
 
-    state = dict(
-        out=jnp.zeros((b, out_size), jnp.int32),
-        num_out=jnp.zeros((b,), jnp.int32),
-        done=jnp.zeros((b,), bool),
-        finish=jnp.zeros((b,), jnp.int32),
-        token=jnp.zeros((b,), jnp.int32),
-        cache=cache,
-        calls=jnp.ones((), jnp.int32),
-    )
+    state = dict(outputs=Outputs.empty(b, out_size), token=jnp.zeros((b,), jnp.int32), cache=cache,
+                 calls=jnp.ones((), jnp.int32))
     state = jax.lax.while_loop(cond, body, sample_step(state, logits))
-    return state["out"], state["num_out"], state["finish"], state["calls"]
+    outputs = state["outputs"]
+    return outputs.out, outputs.num_out, outputs.finish, state["calls"]
 
 
 def generate_ar(

@@ -8,11 +8,9 @@ import os
 import time
 
 import jax
-import numpy as np
 
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model, dtype_from_name
-from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.params import init_params
 from ssd_jax.train.corpus import collect_corpus, read_text
 from ssd_jax.train.data import tokenize_files
