@@ -23,56 +23,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
+from benchmarks.spec_harness import label, run_config  # noqa: E402
 
 
-def configurations(quick: bool) -> list[tuple[str, dict]]:
+def configurations(quick: bool, sweep: bool = False) -> list[tuple[str, dict]]:
+    """The issue's grid (L in {4, 8}, K in {2, 4}); `sweep` instead scans L and K around the
+    command line's defaults (the numbers that justify them)."""
+    if sweep:
+        configs: list[tuple[str, dict]] = [("ar", {})]
+        configs += [(m, dict(num_draft_tokens=n)) for m in ("sd", "bv") for n in (2, 3, 4, 5, 6, 8)]
+        configs += [(m, dict(num_draft_tokens=5, num_paths=k)) for m in ("specinfer", "spectr", "gbv") for k in (2, 3)]
+        return configs
     lengths = (4,) if quick else (4, 8)
     paths = (2,) if quick else (2, 4)
-    configs: list[tuple[str, dict]] = [("ar", {})]
+    configs = [("ar", {})]
     for length in lengths:
         configs += [("sd", dict(num_draft_tokens=length)), ("bv", dict(num_draft_tokens=length))]
         for k in paths:
             configs += [(m, dict(num_draft_tokens=length, num_paths=k)) for m in ("specinfer", "spectr", "gbv")]
     return configs
-
-
-def label(method: str, options: dict) -> str:
-    parts = [method]
-    if "num_draft_tokens" in options:
-        parts.append(f"L{options['num_draft_tokens']}")
-    if "num_paths" in options:
-        parts.append(f"K{options['num_paths']}")
-    return "-".join(parts)
-
-
-def run_ours(target, draft, prompts, method, options, temperature, new_tokens) -> dict:
-    """Each prompt alone (batch 1); the first call compiles and is not timed."""
-    kwargs = dict(max_new_tokens=new_tokens, method=method, temperature=temperature, **options)
-    if method != "ar":
-        kwargs["draft"] = draft
-    warm = ssd_jax.generate(target, [prompts[0]], key=jax.random.PRNGKey(999), **kwargs)
-    totals = dict(tokens=0, wall=0.0, drafts=0, accepted=0, drafted=0, calls=0)
-    per_position = None
-    for i, prompt in enumerate(prompts):
-        out = ssd_jax.generate(target, [prompt], key=jax.random.PRNGKey(i), **kwargs)
-        s = out.stats
-        totals["tokens"] += s["num_generated_tokens"]
-        totals["wall"] += s["wall_time_s"]
-        totals["calls"] += s["target_calls"]
-        if method != "ar":
-            totals["drafts"] += s["num_drafts"]
-            totals["accepted"] += s["num_accepted_tokens"]
-            totals["drafted"] += s["num_draft_tokens"]
-            pos = np.array(s["accepted_per_position"], float)
-            per_position = pos if per_position is None else per_position + pos
-    result = dict(tokens=totals["tokens"], wall_time_s=totals["wall"], tokens_per_second=totals["tokens"] / totals["wall"],
-                  target_calls=totals["calls"], block_efficiency=totals["tokens"] / totals["calls"],
-                  compile_time_s=warm.stats["compile_time_s"])
-    if method != "ar":
-        result.update(acceptance_rate=totals["accepted"] / totals["drafted"],
-                      mean_acceptance_length=1 + totals["accepted"] / totals["drafts"],
-                      acceptance_per_position=(per_position / totals["drafts"]).tolist())
-    return result
 
 
 def run_transformers(target_dir, draft_dir, prompts, temperature, new_tokens) -> dict:
@@ -114,13 +83,14 @@ def plot(results: dict, path_speedup: str, path_acceptance: str) -> None:
         speedups = [next(r["speedup_over_ar"] for r in results["runs"] if r["label"] == lab and r["temperature"] == temperature)
                     for lab in labels]
         ax.bar(np.arange(len(labels)) + (j - 0.5) * width, speedups, width, label=f"T={temperature:g}")
-    for j, temperature in enumerate((0.0, 1.0)):
+    for j, temperature in enumerate((0.0, 1.0) if results["transformers"] else ()):
         hf = results["transformers"][str(temperature)]["assisted_speedup_over_own_ar"]
         ax.axhline(hf, color=f"C{j}", linestyle="--", linewidth=1, label=f"transformers assisted, T={temperature:g}")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(np.arange(len(labels)), labels, rotation=45, ha="right")
     ax.set_ylabel("speedup over autoregressive (wall clock)")
-    ax.set_title("ssd_jax speculative decoding on the embedded pair (CPU, batch 1, 128 new tokens)")
+    ax.set_title(f"ssd_jax speculative decoding on the embedded pair (CPU, batch {results['batch_size']}, "
+                 f"{results['new_tokens']} new tokens)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path_speedup, dpi=120)
@@ -141,23 +111,55 @@ def plot(results: dict, path_speedup: str, path_acceptance: str) -> None:
     plt.close(fig)
 
 
+def plot_sweep(results: dict, path: str) -> None:
+    """Speedup over AR against draft length L for sd and bv, at each temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for j, temperature in enumerate((0.0, 1.0)):
+        for method, style in (("sd", "-o"), ("bv", "--s")):
+            runs = [r for r in results["runs"] if r["temperature"] == temperature and r["method"] == method]
+            ax.plot([r["options"]["num_draft_tokens"] for r in runs], [r["speedup_over_ar"] for r in runs], style,
+                    color=f"C{j}", label=f"{method}, T={temperature:g}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("draft length L")
+    ax.set_ylabel("speedup over autoregressive (wall clock)")
+    ax.set_title(f"Draft length sweep on the embedded pair (CPU, batch {results['batch_size']})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, fewer configurations")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (rows of a batch)")
+    parser.add_argument("--methods", default=None, help="comma-separated subset of methods to run (ar always runs)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="scan L in 2..8 and K in {2, 3} (the evidence for the CLI defaults); no transformers")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.new_tokens = 4, 32
+    if args.sweep or args.batch_size > 1:
+        args.no_transformers = True  # transformers' assisted generation supports batch size 1 only
     info = machine_info()
     target, draft = ssd_jax.default_models()
     prompts = heldout_prompts(target.tokenizer, args.prompts)
     runs = []
     for temperature in (0.0, 1.0):
         ar_speed = None
-        for method, options in configurations(args.quick):
-            result = run_ours(target, draft, prompts, method, options, temperature, args.new_tokens)
+        for method, options in configurations(args.quick, args.sweep):
+            if args.methods and method != "ar" and method not in args.methods.split(","):
+                continue
+            result = run_config(target, prompts, method, options, temperature, args.new_tokens,
+                                batch_size=args.batch_size, draft=None if method == "ar" else draft)
             if method == "ar":
                 ar_speed = result["tokens_per_second"]
             result.update(method=method, options=options, label=label(method, options), temperature=temperature,
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
             print(f"transformers T={temperature:g}: {hf[str(temperature)]}", flush=True)
     info["load_average_at_end"] = load_average()
     results = dict(benchmark="speculative decoding on the embedded pair vs AR and transformers assisted generation",
-                   machine=info, prompts=len(prompts), new_tokens=args.new_tokens, batch_size=1, runs=runs,
+                   machine=info, prompts=len(prompts), new_tokens=args.new_tokens, batch_size=args.batch_size, runs=runs,
                    transformers=hf)
     for temperature in (0.0, 1.0):
         sd = max((r for r in runs if r["temperature"] == temperature and r["method"] == "sd"),
@@ -180,9 +182,12 @@ def main(argv=None) -> int:
         if hf:
             results[f"sd_vs_transformers_assisted_t{temperature:g}"] = (
                 sd["tokens_per_second"] / hf[str(temperature)]["assisted"]["tokens_per_second"])
-    suffix = "_quick" if args.quick else ""
+    suffix = ("_quick" if args.quick else "") + ("_sweep" if args.sweep else "") + (
+        f"_b{args.batch_size}" if args.batch_size != 1 else "")
     write_json(os.path.join(RESULTS_DIR, f"speculative{suffix}.json"), results)
-    if hf:
+    if args.sweep:
+        plot_sweep(results, os.path.join(RESULTS_DIR, f"speculative{suffix}.png"))
+    else:
         plot(results, os.path.join(RESULTS_DIR, f"speculative_speedup{suffix}.png"),
              os.path.join(RESULTS_DIR, f"speculative_acceptance{suffix}.png"))
     rows = [[r["temperature"], r["label"], r["tokens_per_second"], r["speedup_over_ar"], r["block_efficiency"],

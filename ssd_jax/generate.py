@@ -7,15 +7,21 @@ from typing import Sequence
 from ssd_jax.engine.autoregressive import generate_ar
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, prepare_prompts
+from ssd_jax.engine.retrieval import RETRIEVAL_METHODS, generate_retrieval
 from ssd_jax.engine.speculative import SPECULATIVE_METHODS, generate_speculative
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 from ssd_jax.pairing import check_same_tokenizer
 from ssd_jax.sampling import SamplingParams
 
-METHODS = ("ar",) + tuple(SPECULATIVE_METHODS)
+METHODS = ("ar",) + tuple(SPECULATIVE_METHODS) + RETRIEVAL_METHODS
 DEFAULT_NUM_DRAFT_TOKENS = 5
 DEFAULT_NUM_PATHS = 3
+# Retrieval drafting (method -> option -> default).
+RETRIEVAL_DEFAULTS = {
+    "pld": dict(num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS, prompt_lookup_min=1, prompt_lookup_max=3),
+    "logitspec": dict(num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS, logitspec_topk=16, tree_capacity=64, max_ngram=3),
+}
 
 
 def _positive_int(name: str, value) -> int:
@@ -36,6 +42,25 @@ def _speculative_options(method: str, options: dict) -> tuple[int, int]:
         multi_names = ", ".join(m for m, (_, is_multi) in SPECULATIVE_METHODS.items() if is_multi)
         raise InputError(f"method {method!r} drafts a single path; num_paths={paths} needs one of {multi_names}")
     return length, paths
+
+
+def _retrieval_options(method: str, options: dict) -> dict:
+    defaults = RETRIEVAL_DEFAULTS[method]
+    unknown = sorted(set(options) - set(defaults))
+    if unknown:
+        raise InputError(f"method {method!r} does not take option(s) {', '.join(unknown)}; "
+                         f"it takes {', '.join(defaults)}")
+    values = {name: _positive_int(name, options.get(name, default)) for name, default in defaults.items()}
+    if method == "pld":
+        if values["prompt_lookup_max"] < values["prompt_lookup_min"]:
+            raise InputError(f"prompt_lookup_max={values['prompt_lookup_max']} is below "
+                             f"prompt_lookup_min={values['prompt_lookup_min']}")
+        return dict(num_draft_tokens=values["num_draft_tokens"], ngram_min=values["prompt_lookup_min"],
+                    ngram_max=values["prompt_lookup_max"], logitspec_topk=0, tree_capacity=values["num_draft_tokens"] + 1)
+    if values["tree_capacity"] < 2:
+        raise InputError(f"tree_capacity must be >= 2 (the root and one draft token), got {values['tree_capacity']}")
+    return dict(num_draft_tokens=values["num_draft_tokens"], ngram_min=1, ngram_max=values["max_ngram"],
+                logitspec_topk=values["logitspec_topk"], tree_capacity=values["tree_capacity"])
 
 
 def _check_draft(target: Model, draft, batch: PromptBatch, max_new_tokens: int, length: int) -> None:
@@ -68,9 +93,13 @@ def generate(
 
     target: the model whose output law is reproduced. prompt_ids: a batch of token-id lists
     (ragged). method: "ar" (autoregressive), or with a `draft` model "sd" (tokenwise speculative
-    sampling), "bv" (block verification), "specinfer", "spectr", "gbv" (K i.i.d. draft paths).
+    sampling), "bv" (block verification), "specinfer", "spectr", "gbv" (K i.i.d. draft paths);
+    without a draft model "pld" (prompt lookup) and "logitspec" (retrieval + next-next guesses
+    from the last logit, a token tree).
     method_options: num_draft_tokens (L, default 5) and num_paths (K, default 3 for multi-path
-    methods). temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
+    methods); pld: num_draft_tokens, prompt_lookup_min (1), prompt_lookup_max (3); logitspec:
+    num_draft_tokens (the root's retrieved branch), logitspec_topk (16), tree_capacity (64
+    nodes), max_ngram (3). temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
     as in transformers, identically for draft and target. key: a jax PRNG key shared by every row
     (a row's output does not depend on its batch), or one key per row; None means PRNGKey(0).
     stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
@@ -89,6 +118,16 @@ def generate(
         if method_options:
             raise InputError(f"method 'ar' takes no options, got {', '.join(sorted(method_options))}")
         return generate_ar(target, batch, int(max_new_tokens), sampling, key, stream=stream)
+    if method in RETRIEVAL_METHODS:
+        if draft is not None:
+            raise InputError(f"method {method!r} drafts by retrieval from the context and takes no draft model")
+        options = _retrieval_options(method, method_options)
+        needed = batch.max_length + int(max_new_tokens) + options["tree_capacity"]
+        if needed > target.config.max_position_embeddings:
+            raise InputError(f"method {method!r} needs up to {needed} positions, beyond the target's "
+                             f"max_position_embeddings={target.config.max_position_embeddings}")
+        return generate_retrieval(target, batch, int(max_new_tokens), sampling, key, method=method, stream=stream,
+                                  **options)
     length, paths = _speculative_options(method, method_options)
     _check_draft(target, draft, batch, int(max_new_tokens), length)
     return generate_speculative(target, draft, batch, int(max_new_tokens), sampling, key, method=method,

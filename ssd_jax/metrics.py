@@ -1,7 +1,8 @@
 """Speculative-decoding counters with vLLM's definitions, accumulated on the device and turned
 into the `stats` dict on the host.
 
-num_drafts: verification steps (per row, summed); num_draft_tokens = num_drafts * L;
+num_drafts: verification steps (per row, summed); num_draft_tokens: tokens proposed (L per step
+for a draft model; the valid tree nodes for retrieval drafters, whose matches can run short);
 num_accepted_tokens: draft tokens accepted; accepted_per_position[i]: drafts whose token i+1 was
 accepted; acceptance_rate = accepted / drafted; mean_acceptance_length = 1 + accepted / num_drafts
 (counts the bonus token); block_efficiency = generated tokens / target calls (per row, summed).
@@ -17,33 +18,40 @@ from flax import struct
 
 @struct.dataclass
 class SpecCounters:
-    """num_drafts int32 [B]; num_accepted int32 [B]; per_position int32 [B, L]; target_calls int32 []."""
+    """num_drafts int32 [B]; num_drafted int32 [B]; num_accepted int32 [B]; per_position int32 [B, L];
+    target_calls int32 []."""
 
     num_drafts: jax.Array
+    num_drafted: jax.Array
     num_accepted: jax.Array
     per_position: jax.Array
     target_calls: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, num_draft_tokens: int) -> "SpecCounters":
-        return cls(num_drafts=jnp.zeros((batch,), jnp.int32), num_accepted=jnp.zeros((batch,), jnp.int32),
+        return cls(num_drafts=jnp.zeros((batch,), jnp.int32), num_drafted=jnp.zeros((batch,), jnp.int32),
+                   num_accepted=jnp.zeros((batch,), jnp.int32),
                    per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
                    target_calls=jnp.ones((), jnp.int32))
 
-    def record(self, active: jax.Array, num_accepted: jax.Array) -> "SpecCounters":
-        """One verification step: active bool [B] rows took part; num_accepted int32 [B]."""
+    def record(self, active: jax.Array, num_accepted: jax.Array, num_drafted: jax.Array | None = None
+               ) -> "SpecCounters":
+        """One verification step: active bool [B] rows took part; num_accepted int32 [B];
+        num_drafted int32 [B] tokens proposed (default: L, the width of per_position)."""
         length = self.per_position.shape[1]
         act = active.astype(jnp.int32)
+        drafted = jnp.full_like(act, length) if num_drafted is None else num_drafted.astype(jnp.int32)
         positions = (jnp.arange(length)[None, :] < num_accepted[:, None]).astype(jnp.int32) * act[:, None]
-        return SpecCounters(num_drafts=self.num_drafts + act, num_accepted=self.num_accepted + num_accepted * act,
+        return SpecCounters(num_drafts=self.num_drafts + act, num_drafted=self.num_drafted + drafted * act,
+                            num_accepted=self.num_accepted + num_accepted * act,
                             per_position=self.per_position + positions, target_calls=self.target_calls + 1)
 
 
-def speculative_stats(counters: SpecCounters, num_out: np.ndarray, num_draft_tokens: int) -> dict:
+def speculative_stats(counters: SpecCounters, num_out: np.ndarray) -> dict:
     """Host-side stats dict from the final counters and per-row generated counts."""
     drafts = int(np.sum(counters.num_drafts))
     accepted = int(np.sum(counters.num_accepted))
-    drafted = drafts * num_draft_tokens
+    drafted = int(np.sum(counters.num_drafted))
     generated = int(np.sum(num_out))
     row_calls = int(np.sum(np.asarray(counters.num_drafts) + 1))  # + the prefill call
     return dict(

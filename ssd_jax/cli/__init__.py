@@ -8,7 +8,7 @@ import sys
 from ssd_jax.errors import SsdJaxError
 
 # module name -> registers a subparser via `register(subparsers)` and sets `func`.
-SUBCOMMAND_MODULES = ("ssd_jax.cli.generate_cmd", "ssd_jax.cli.train_cmd", "ssd_jax.cli.demo_cmd")
+SUBCOMMAND_MODULES = ("ssd_jax.cli.generate_cmd", "ssd_jax.cli.train_cmd", "ssd_jax.cli.demo_cmd", "ssd_jax.cli.bigram_cmd")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Callable
 
 import jax
@@ -24,12 +23,12 @@ import numpy as np
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_paths
 from ssd_jax.engine.autoregressive import prefill, sample_rows, unroll_layers
-from ssd_jax.engine.compiled import compiled
 from ssd_jax.engine.emission import Outputs, append, stop_rows
-from ssd_jax.engine.output import GenerateOutput, rows_from_buffers
+from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
-from ssd_jax.engine.streaming import StreamSink, emit, streaming_to
-from ssd_jax.metrics import SpecCounters, speculative_stats
+from ssd_jax.engine.runner import run_compiled, speculative_output
+from ssd_jax.engine.streaming import StreamSink, emit
+from ssd_jax.metrics import SpecCounters
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
@@ -187,17 +186,6 @@ def generate_speculative(
     fn = functools.partial(_decode, tcfg=target.config, dcfg=draft.config, sampling=sampling, plan=plan,
                            stream=streaming)
     static_key = ("speculative", target.config, draft.config, sampling, plan, plan.verifier(sampling), streaming)
-    executable, compile_s = compiled(fn, static_key, *args)
-    start = time.perf_counter()
-    with streaming_to(stream):
-        out, num_out, finish, counters = jax.block_until_ready(executable(*args))
-    wall = time.perf_counter() - start
-    num_out = np.asarray(num_out)
-    tokens, reasons = rows_from_buffers(np.asarray(out), num_out, np.asarray(finish))
-    generated = int(num_out.sum())
-    stats = dict(method=method, batch_size=batch.batch_size, num_generated_tokens=generated,
-                 num_draft_tokens_per_step=num_draft_tokens, num_paths=num_paths)
-    stats.update(speculative_stats(jax.device_get(counters), num_out, num_draft_tokens))
-    stats.update(wall_time_s=wall, compile_time_s=compile_s,
-                 tokens_per_second=generated / wall if wall > 0 else float("inf"))
-    return GenerateOutput(tokens=tokens, finish_reasons=reasons, stats=stats)
+    (out, num_out, finish, counters), wall, compile_s = run_compiled(fn, static_key, args, stream)
+    return speculative_output(method, batch, out, num_out, finish, counters, wall, compile_s,
+                              dict(num_draft_tokens_per_step=num_draft_tokens, num_paths=num_paths))

@@ -1,0 +1,80 @@
+"""Exact verification of a deterministic draft tree (retrieval drafts: prompt lookup, LogitSpec).
+
+A retrieval draft is a point mass: the drafter proposes tokens without sampling them, so there is
+no q to compare against. Walking the tree is then exact rejection sampling: at the current node
+draw Y from the target's distribution there; if Y is a (valid) child, descend into it, else emit
+Y and stop. Each emitted token is a fresh draw from the target at its prefix, so the output law is
+the target's whatever the tree holds. At temperature 0 the draw is the argmax: the walk keeps the
+longest branch that follows the target's argmax chain.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssd_jax.verify._common import argmax_first, first_true, row_keys, sample_from_weights
+
+
+class TreeVerdict(NamedTuple):
+    """num_accepted int32 [B]: tree nodes accepted below the root; next_token int32 [B];
+    nodes int32 [B, D+1]: the accepted path's node indices, root first (entries past
+    num_accepted + 1 are 0 and meaningless)."""
+
+    num_accepted: jax.Array
+    next_token: jax.Array
+    nodes: jax.Array
+
+
+def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool):
+    keys = jax.random.split(key, max_depth + 1)
+
+    def step(carry, d):
+        node, stopped, n, nxt = carry
+        scores = p[node]
+        y = argmax_first(scores) if greedy else sample_from_weights(keys[d], scores, fallback=scores)
+        children = (parents == node) & valid & (tokens == y)
+        has_child = jnp.any(children)
+        descend = ~stopped & has_child
+        stop_here = ~stopped & ~has_child
+        node = jnp.where(descend, first_true(children), node)
+        carry = (node, stopped | stop_here, n + descend.astype(jnp.int32), jnp.where(stop_here, y, nxt))
+        return carry, node
+
+    init = (jnp.asarray(0, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
+    # A leaf has no children, so the walk always stops by iteration max_depth (index max_depth).
+    (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1))
+    nodes = jnp.concatenate([jnp.zeros((1,), jnp.int32), visited[:max_depth]])
+    nodes = jnp.where(jnp.arange(max_depth + 1) <= n, nodes, 0)
+    return n, nxt, nodes
+
+
+def point_mass_tree(key, tokens, valid, parents, p, *, greedy: bool) -> TreeVerdict:
+    """Verifies a batch of deterministic draft trees.
+
+    key: PRNG key (split into one key per row). tokens int32 [B, N] (node 0 = the root, the last
+    emitted token); valid bool [B, N] (invalid nodes are never accepted); parents: int [N]
+    (a static layout, -1 at the root, parents before children) or int32 [B, N]; p float32 [B, N, V]: the target's processed
+    probabilities after each node (at temperature 0 any scores with the target's argmax).
+    greedy: draw the argmax instead of sampling.
+    """
+    tokens = jnp.asarray(tokens, jnp.int32)
+    b, n_nodes = tokens.shape
+    parents_arr = np.asarray(parents) if not isinstance(parents, jax.Array) else parents
+    parents_b = jnp.broadcast_to(jnp.asarray(parents_arr, jnp.int32), (b, n_nodes))
+    static = isinstance(parents_arr, np.ndarray) and parents_arr.ndim == 1
+    max_depth = _max_depth(parents_arr) if static else n_nodes - 1
+    row = lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy)
+    n, nxt, nodes = jax.vmap(row)(row_keys(key, b), tokens, jnp.asarray(valid, bool), p, parents_b)
+    return TreeVerdict(n, nxt, nodes)
+
+
+def _max_depth(parents: np.ndarray) -> int:
+    """Depth of the deepest node of a static layout whose parents precede their children."""
+    depth = np.zeros(parents.shape[0], np.int64)
+    for node in range(1, parents.shape[0]):
+        depth[node] = depth[parents[node]] + 1
+    return int(depth.max(initial=0))
