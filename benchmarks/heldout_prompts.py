@@ -25,3 +25,14 @@ def heldout_prompts(tokenizer, count: int = 20, prompt_tokens: int = 64, seed: i
         if len(prompts) == count:
             break
     return prompts
+
+
+def repetition_prompts(tokenizer, count: int = 20, body_tokens: int = 32, copies: int = 2, lead_tokens: int = 4,
+                       seed: int = 1) -> list[list[int]]:
+    """A repetition-heavy task: a held-out code snippet of body_tokens ids written `copies` times
+    (separated by a blank line), then the first lead_tokens of it once more: the natural
+    continuation repeats the snippet. (The embedded 11M-parameter target does not copy a snippet
+    it has seen only once; twice is enough for it to pick up the pattern.)"""
+    separator = tokenizer.encode("\n\n").ids
+    snippets = heldout_prompts(tokenizer, count, prompt_tokens=body_tokens, seed=seed)
+    return [(snippet + separator) * copies + snippet[:lead_tokens] for snippet in snippets]

@@ -1,5 +1,6 @@
-"""The embedded default model pair shipped inside the package (trained by
-`python -m ssd_jax.train.default_pair`; see README "Embedded models")."""
+"""The embedded default models shipped inside the package (trained by
+`python -m ssd_jax.train.default_pair`; see README "Embedded models"): the (target, draft) pair
+and draft_small, a cheaper draft for the first stage of a two-drafter cascade."""
 
 from __future__ import annotations
 
@@ -11,15 +12,18 @@ from ssd_jax.model import Model
 ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", "models")
 TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 DRAFT_DIR = os.path.join(ASSETS_DIR, "draft")
+DRAFT_SMALL_DIR = os.path.join(ASSETS_DIR, "draft_small")
+
+
+def _require(directory: str, rebuild: str) -> None:
+    if not os.path.exists(os.path.join(directory, "config.json")):
+        raise CheckpointError(f"embedded model missing at {directory}; rebuild with `{rebuild}`")
 
 
 def default_model_dirs() -> tuple[str, str]:
     """(target directory, draft directory) of the shipped Hugging Face checkpoints."""
     for directory in (TARGET_DIR, DRAFT_DIR):
-        if not os.path.exists(os.path.join(directory, "config.json")):
-            raise CheckpointError(
-                f"embedded model missing at {directory}; rebuild with `python -m ssd_jax.train.default_pair`"
-            )
+        _require(directory, "python -m ssd_jax.train.default_pair")
     return TARGET_DIR, DRAFT_DIR
 
 
@@ -30,3 +34,13 @@ def default_models(dtype: str = "float32") -> tuple[Model, Model]:
 
     target_dir, draft_dir = default_model_dirs()
     return load(target_dir, dtype=dtype), load(draft_dir, dtype=dtype)
+
+
+def default_small_draft(dtype: str = "float32") -> Model:
+    """Loads the shipped draft_small: a one-layer Llama distilled from the embedded target like the
+    draft (same tokenizer), a few times cheaper per forward than the draft at batch 1; meant to
+    draft for the draft in a two-drafter cascade."""
+    from ssd_jax.loading import load
+
+    _require(DRAFT_SMALL_DIR, "python -m ssd_jax.train.default_pair --only-draft-small")
+    return load(DRAFT_SMALL_DIR, dtype=dtype)

@@ -36,9 +36,16 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--method", default="sd",
-                        help="ar, sd, bv, specinfer, spectr or gbv (default: sd; see README)")
+                        help="ar, sd, bv, specinfer, spectr, gbv, pld or logitspec (default: sd; see README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
     parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
+    retrieval = parser.add_argument_group("retrieval drafting (--method pld|logitspec)")
+    retrieval.add_argument("--prompt-lookup-min", type=int, default=None, help="pld: smallest n-gram matched (1)")
+    retrieval.add_argument("--prompt-lookup-max", type=int, default=None, help="pld: largest n-gram matched (3)")
+    retrieval.add_argument("--logitspec-topk", type=int, default=None,
+                           help="logitspec: next-next guesses taken from the last logit (16)")
+    retrieval.add_argument("--tree-capacity", type=int, default=None, help="logitspec: tree nodes, root included (64)")
+    retrieval.add_argument("--max-ngram", type=int, default=None, help="logitspec: largest n-gram retrieved (3)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
     parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
@@ -69,6 +76,7 @@ def load_models(args):
     """(target, draft or None) from the flags, defaulting to the embedded pair."""
     import ssd_jax
     from ssd_jax.defaults import default_model_dirs
+    from ssd_jax.engine.retrieval import RETRIEVAL_METHODS
     from ssd_jax.pairing import check_same_tokenizer
 
     if args.target is None:
@@ -77,7 +85,8 @@ def load_models(args):
     else:
         target_dir, draft_dir = args.target, args.draft
     target = ssd_jax.load(target_dir, dtype=args.dtype)
-    draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and args.method != "ar" else None
+    uses_draft = args.method not in ("ar",) + RETRIEVAL_METHODS
+    draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and uses_draft else None
     if draft is not None:
         check_same_tokenizer(target, draft)
     return target, draft
@@ -105,13 +114,14 @@ class TextStreamer:
             self.printed = text
 
 
+# Method options settable from the command line (argparse dest == generate() keyword).
+METHOD_OPTION_FLAGS = ("num_draft_tokens", "num_paths", "prompt_lookup_min", "prompt_lookup_max", "logitspec_topk",
+                       "tree_capacity", "max_ngram")
+
+
 def _options(args) -> dict:
-    options = {}
-    if args.num_draft_tokens is not None:
-        options["num_draft_tokens"] = args.num_draft_tokens
-    if args.num_paths is not None:
-        options["num_paths"] = args.num_paths
-    return options
+    """The method options given on the command line; generate() refuses the ones a method lacks."""
+    return {name: getattr(args, name) for name in METHOD_OPTION_FLAGS if getattr(args, name, None) is not None}
 
 
 def print_stats(stats: dict, file=sys.stdout) -> None:

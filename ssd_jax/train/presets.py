@@ -6,10 +6,13 @@ from ssd_jax.errors import InputError
 from ssd_jax.models.config import ModelConfig
 
 # Sized for a 2-core CPU: the target trains in about an hour; one draft forward costs about a tenth
-# of a target forward at batch 1 (measured by benchmarks/bench_model_costs.py).
+# of a target forward at batch 1, one draft_small forward (the first drafter of a two-drafter
+# cascade) about a third of a draft forward (measured by benchmarks/bench_model_costs.py).
 PRESETS = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64),
     "draft": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64),
+    "draft_small": dict(hidden_size=64, intermediate_size=192, num_layers=1, num_heads=2, num_kv_heads=1,
+                        head_dim=32),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32),
 }
 
