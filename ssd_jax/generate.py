@@ -16,7 +16,7 @@ from ssd_jax.sampling import SamplingParams
 
 METHODS = ("ar",) + tuple(SPECULATIVE_METHODS) + RETRIEVAL_METHODS
 DEFAULT_NUM_DRAFT_TOKENS = 5
-DEFAULT_NUM_PATHS = 3
+DEFAULT_NUM_PATHS = 2  # benchmarks/results/speculative_sweep.json: K=2 beats K=3 wall-clock on CPU
 # Retrieval drafting (method -> option -> default).
 RETRIEVAL_DEFAULTS = {
     "pld": dict(num_draft_tokens=DEFAULT_NUM_DRAFT_TOKENS, prompt_lookup_min=1, prompt_lookup_max=3),
@@ -96,7 +96,7 @@ def generate(
     sampling), "bv" (block verification), "specinfer", "spectr", "gbv" (K i.i.d. draft paths);
     without a draft model "pld" (prompt lookup) and "logitspec" (retrieval + next-next guesses
     from the last logit, a token tree).
-    method_options: num_draft_tokens (L, default 5) and num_paths (K, default 3 for multi-path
+    method_options: num_draft_tokens (L, default 5) and num_paths (K, default 2 for multi-path
     methods); pld: num_draft_tokens, prompt_lookup_min (1), prompt_lookup_max (3); logitspec:
     num_draft_tokens (the root's retrieved branch), logitspec_topk (16), tree_capacity (64
     nodes), max_ngram (3). temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
