@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -23,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
-from benchmarks.spec_harness import label, run_config  # noqa: E402
+from benchmarks.spec_harness import label, run_config, transformers_rates  # noqa: E402
 
 PLD_LENGTHS = (4, 8)
 LOGITSPEC_CAPACITIES = (8, 16, 32, 64)
@@ -39,25 +38,8 @@ def configurations(quick: bool) -> list[tuple[str, dict]]:
 
 def run_transformers(target_dir, prompts, temperature, new_tokens, lookup_tokens) -> dict:
     """transformers' generate and generate(prompt_lookup_num_tokens=...) on the same directory."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(os.cpu_count())
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
-    out = {}
-    for name, extra in (("ar", {}), ("prompt_lookup", {"prompt_lookup_num_tokens": lookup_tokens})):
-        kwargs = dict(max_new_tokens=new_tokens, do_sample=temperature > 0, pad_token_id=1, **extra)
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-        with torch.no_grad():
-            target.generate(torch.tensor([prompts[0]]), **kwargs)  # warm-up
-            tokens, start = 0, time.perf_counter()
-            for i, prompt in enumerate(prompts):
-                torch.manual_seed(i)
-                generated = target.generate(torch.tensor([prompt]), **kwargs)
-                tokens += generated.shape[1] - len(prompt)
-            wall = time.perf_counter() - start
-        out[name] = dict(tokens=tokens, wall_time_s=wall, tokens_per_second=tokens / wall)
+    out = transformers_rates(target_dir, prompts, temperature, new_tokens,
+                             {"ar": {}, "prompt_lookup": {"prompt_lookup_num_tokens": lookup_tokens}})
     out["prompt_lookup_speedup_over_own_ar"] = out["prompt_lookup"]["tokens_per_second"] / out["ar"]["tokens_per_second"]
     out["prompt_lookup_num_tokens"] = lookup_tokens
     return out

@@ -13,9 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
-import jax
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -23,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
-from benchmarks.spec_harness import label, run_config  # noqa: E402
+from benchmarks.spec_harness import label, run_config, transformers_rates  # noqa: E402
 
 
 def configurations(quick: bool, sweep: bool = False) -> list[tuple[str, dict]]:
@@ -49,23 +47,9 @@ def run_transformers(target_dir, draft_dir, prompts, temperature, new_tokens) ->
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch.set_num_threads(os.cpu_count())
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     draft = AutoModelForCausalLM.from_pretrained(draft_dir, dtype=torch.float32).eval()
-    out = {}
-    for name, extra in (("ar", {}), ("assisted", {"assistant_model": draft})):
-        kwargs = dict(max_new_tokens=new_tokens, do_sample=temperature > 0, pad_token_id=1, **extra)
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
-        with torch.no_grad():
-            target.generate(torch.tensor([prompts[0]]), **kwargs)  # warm-up
-            tokens, start = 0, time.perf_counter()
-            for i, prompt in enumerate(prompts):
-                torch.manual_seed(i)
-                generated = target.generate(torch.tensor([prompt]), **kwargs)
-                tokens += generated.shape[1] - len(prompt)
-            wall = time.perf_counter() - start
-        out[name] = dict(tokens=tokens, wall_time_s=wall, tokens_per_second=tokens / wall)
+    out = transformers_rates(target_dir, prompts, temperature, new_tokens,
+                             {"ar": {}, "assisted": {"assistant_model": draft}})
     out["assisted_speedup_over_own_ar"] = out["assisted"]["tokens_per_second"] / out["ar"]["tokens_per_second"]
     return out
 

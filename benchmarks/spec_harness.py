@@ -75,3 +75,32 @@ def run_config(target, prompts, method: str, options: dict, temperature: float, 
                       acceptance_per_position=(per_position / totals["drafts"]).tolist())
     result.update(summed)
     return result
+
+
+def transformers_rates(model_dir: str, prompts, temperature: float, new_tokens: int, variants: dict) -> dict:
+    """tokens/s of transformers' `generate` on the same checkpoint and prompts, one entry per
+    variant (name -> extra generate kwargs, e.g. {"ar": {}, "assisted": {"assistant_model": m}});
+    each variant is warmed up on the first prompt, then timed over all prompts (batch 1)."""
+    import os
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(os.cpu_count())
+    target = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = {}
+    for name, extra in variants.items():
+        kwargs = dict(max_new_tokens=new_tokens, do_sample=temperature > 0, pad_token_id=1, **extra)
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_k=0, top_p=1.0)
+        with torch.no_grad():
+            target.generate(torch.tensor([prompts[0]]), **kwargs)  # warm-up
+            tokens, start = 0, time.perf_counter()
+            for i, prompt in enumerate(prompts):
+                torch.manual_seed(i)
+                generated = target.generate(torch.tensor([prompt]), **kwargs)
+                tokens += generated.shape[1] - len(prompt)
+            wall = time.perf_counter() - start
+        out[name] = dict(tokens=tokens, wall_time_s=wall, tokens_per_second=tokens / wall)
+    return out
