@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
-from benchmarks.spec_harness import label, run_config, transformers_rates  # noqa: E402
+from benchmarks.spec_harness import label, run_configs, transformers_rates  # noqa: E402
 
 PLD_LENGTHS = (4, 8)
 LOGITSPEC_CAPACITIES = (8, 16, 32, 64)
@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, fewer configurations")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time each call this many times and keep its fastest run (filters out interference)")
     args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.new_tokens = 4, 32
@@ -92,10 +94,10 @@ def main(argv=None) -> int:
     runs, hf = [], {}
     for set_name, prompts in prompt_sets.items():
         for temperature in (0.0, 1.0):
-            ar_speed = None
-            for method, options in configurations(args.quick):
-                result = run_config(target, prompts, method, options, temperature, args.new_tokens)
-                ar_speed = ar_speed or result["tokens_per_second"]
+            configs = configurations(args.quick)
+            results = run_configs(target, prompts, configs, temperature, args.new_tokens, repeats=args.repeats)
+            ar_speed = results[0]["tokens_per_second"]
+            for (method, options), result in zip(configs, results):
                 result.update(method=method, options=options, label=label(method, options), temperature=temperature,
                               prompt_set=set_name, speedup_over_ar=result["tokens_per_second"] / ar_speed)
                 runs.append(result)
@@ -108,7 +110,7 @@ def main(argv=None) -> int:
                 print(f"transformers {set_name} T={temperature:g}: {hf[set_name][str(temperature)]}", flush=True)
     info["load_average_at_end"] = load_average()
     results = dict(benchmark="retrieval drafting (prompt lookup, LogitSpec) on the embedded target",
-                   machine=info, prompts=args.prompts, new_tokens=args.new_tokens, batch_size=1,
+                   machine=info, prompts=args.prompts, new_tokens=args.new_tokens, batch_size=1, timing_repeats=args.repeats,
                    prompt_sets=list(prompt_sets), runs=runs, transformers=hf)
     suffix = "_quick" if args.quick else ""
     write_json(os.path.join(RESULTS_DIR, f"retrieval{suffix}.json"), results)

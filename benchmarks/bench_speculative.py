@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
-from benchmarks.spec_harness import label, run_config, transformers_rates  # noqa: E402
+from benchmarks.spec_harness import label, run_configs, transformers_rates  # noqa: E402
 
 
 def configurations(quick: bool, sweep: bool = False) -> list[tuple[str, dict]]:
@@ -124,6 +124,10 @@ def main(argv=None) -> int:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--quick", action="store_true", help="4 prompts, 32 tokens, fewer configurations")
     parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--draft-model", choices=["draft", "draft_small"], default="draft",
+                        help="which embedded draft drafts (draft_small: the 64x1 model shipped for cascades)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time each call this many times and keep its fastest run (filters out interference)")
     parser.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (rows of a batch)")
     parser.add_argument("--methods", default=None, help="comma-separated subset of methods to run (ar always runs)")
     parser.add_argument("--sweep", action="store_true",
@@ -135,17 +139,19 @@ def main(argv=None) -> int:
         args.no_transformers = True  # transformers' assisted generation supports batch size 1 only
     info = machine_info()
     target, draft = ssd_jax.default_models()
+    if args.draft_model == "draft_small":
+        from ssd_jax.defaults import default_small_draft
+
+        draft = default_small_draft()
     prompts = heldout_prompts(target.tokenizer, args.prompts)
     runs = []
+    configs = [(m, o) for m, o in configurations(args.quick, args.sweep)
+               if m == "ar" or not args.methods or m in args.methods.split(",")]
     for temperature in (0.0, 1.0):
-        ar_speed = None
-        for method, options in configurations(args.quick, args.sweep):
-            if args.methods and method != "ar" and method not in args.methods.split(","):
-                continue
-            result = run_config(target, prompts, method, options, temperature, args.new_tokens,
-                                batch_size=args.batch_size, draft=None if method == "ar" else draft)
-            if method == "ar":
-                ar_speed = result["tokens_per_second"]
+        results = run_configs(target, prompts, configs, temperature, args.new_tokens, batch_size=args.batch_size,
+                              draft=draft, repeats=args.repeats)
+        ar_speed = results[0]["tokens_per_second"]
+        for (method, options), result in zip(configs, results):
             result.update(method=method, options=options, label=label(method, options), temperature=temperature,
                           speedup_over_ar=result["tokens_per_second"] / ar_speed)
             runs.append(result)
@@ -158,7 +164,8 @@ def main(argv=None) -> int:
             print(f"transformers T={temperature:g}: {hf[str(temperature)]}", flush=True)
     info["load_average_at_end"] = load_average()
     results = dict(benchmark="speculative decoding on the embedded pair vs AR and transformers assisted generation",
-                   machine=info, prompts=len(prompts), new_tokens=args.new_tokens, batch_size=args.batch_size, runs=runs,
+                   machine=info, prompts=len(prompts), new_tokens=args.new_tokens, batch_size=args.batch_size,
+                   draft_model=args.draft_model, timing_repeats=args.repeats, runs=runs,
                    transformers=hf)
     for temperature in (0.0, 1.0):
         sd = max((r for r in runs if r["temperature"] == temperature and r["method"] == "sd"),
@@ -167,7 +174,8 @@ def main(argv=None) -> int:
             results[f"sd_vs_transformers_assisted_t{temperature:g}"] = (
                 sd["tokens_per_second"] / hf[str(temperature)]["assisted"]["tokens_per_second"])
     suffix = ("_quick" if args.quick else "") + ("_sweep" if args.sweep else "") + (
-        f"_b{args.batch_size}" if args.batch_size != 1 else "")
+        f"_b{args.batch_size}" if args.batch_size != 1 else "") + ("_small" if args.draft_model == "draft_small" else "") + (
+        f"_{args.methods.replace(',', '_')}" if args.methods else "")
     write_json(os.path.join(RESULTS_DIR, f"speculative{suffix}.json"), results)
     if args.sweep:
         plot_sweep(results, os.path.join(RESULTS_DIR, f"speculative{suffix}.png"))

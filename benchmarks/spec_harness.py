@@ -33,48 +33,66 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def run_config(target, prompts, method: str, options: dict, temperature: float, new_tokens: int, *,
-               batch_size: int = 1, draft=None, extra: dict | None = None) -> dict:
-    """Generates new_tokens for every prompt with one method; returns the totals.
-
-    Keys: tokens, wall_time_s, tokens_per_second, target_calls (summed over calls; a batched call
-    counts its loop steps once), block_efficiency (generated tokens / target calls per row),
-    compile_time_s, and for speculative methods acceptance_rate, mean_acceptance_length,
-    acceptance_per_position. Any stats key listed in `extra` is summed over calls.
-    """
-    kwargs = dict(max_new_tokens=new_tokens, method=method, temperature=temperature, **options)
-    if draft is not None:
-        kwargs["draft"] = draft
-    groups = batches(prompts, batch_size)
-    warm = ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kwargs)
-    totals = dict(tokens=0, wall=0.0, drafts=0, accepted=0, drafted=0, calls=0, row_calls=0)
-    summed = {name: 0.0 for name in (extra or {})}
-    per_position = None
-    for i, group in enumerate(groups):
-        out = ssd_jax.generate(target, group, key=jax.random.PRNGKey(i), **kwargs)
-        s = out.stats
-        totals["tokens"] += s["num_generated_tokens"]
-        totals["wall"] += s["wall_time_s"]
-        totals["calls"] += s["target_calls"]
-        totals["row_calls"] += s["num_generated_tokens"] / s.get("block_efficiency", 1.0)
-        for name in summed:
-            summed[name] += float(s.get(name, 0.0))
-        if "num_drafts" in s:
-            totals["drafts"] += s["num_drafts"]
-            totals["accepted"] += s["num_accepted_tokens"]
-            totals["drafted"] += s["num_draft_tokens"]
-            pos = np.array(s["accepted_per_position"], float)
-            per_position = pos if per_position is None else per_position + pos
-    result = dict(tokens=totals["tokens"], wall_time_s=totals["wall"],
-                  tokens_per_second=totals["tokens"] / totals["wall"], target_calls=totals["calls"],
-                  block_efficiency=totals["tokens"] / totals["row_calls"],
-                  compile_time_s=warm.stats["compile_time_s"], batch_size=batch_size)
-    if totals["drafts"]:
-        result.update(acceptance_rate=totals["accepted"] / max(totals["drafted"], 1),
-                      mean_acceptance_length=1 + totals["accepted"] / totals["drafts"],
-                      acceptance_per_position=(per_position / totals["drafts"]).tolist())
-    result.update(summed)
+def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, repeats: int, extra) -> dict:
+    """Sums one configuration's per-call stats (outs) and fastest wall times (walls)."""
+    tokens = sum(o.stats["num_generated_tokens"] for o in outs)
+    wall = sum(walls)
+    row_calls = sum(o.stats["num_generated_tokens"] / o.stats.get("block_efficiency", 1.0) for o in outs)
+    result = dict(tokens=tokens, wall_time_s=wall, tokens_per_second=tokens / wall,
+                  target_calls=sum(o.stats["target_calls"] for o in outs), block_efficiency=tokens / row_calls,
+                  compile_time_s=compile_s, batch_size=batch_size, timing_repeats=repeats)
+    drafts = sum(o.stats.get("num_drafts", 0) for o in outs)
+    if drafts:
+        accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
+        drafted = sum(o.stats["num_draft_tokens"] for o in outs)
+        per_position = np.sum([np.array(o.stats["accepted_per_position"], float) for o in outs], axis=0)
+        result.update(acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=1 + accepted / drafts,
+                      acceptance_per_position=(per_position / drafts).tolist())
+    for name in extra or ():
+        result[name] = float(sum(o.stats.get(name, 0.0) for o in outs))
     return result
+
+
+def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: float, new_tokens: int, *,
+                batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> list[dict]:
+    """Generates new_tokens for every prompt with every (method, options) configuration,
+    interleaved: for each batch of prompts, every configuration runs `repeats` times in turn,
+    and each call keeps its fastest run (same key, so the same tokens). Slow drifts of the
+    machine's speed then hit all configurations alike, and the ratios between them stay honest.
+
+    Returns one dict per configuration: tokens, wall_time_s, tokens_per_second, target_calls
+    (summed over calls; a batched call counts its loop steps once), block_efficiency (generated
+    tokens / target calls per row), compile_time_s, and for speculative methods acceptance_rate,
+    mean_acceptance_length, acceptance_per_position; stats keys named in `extra` are summed.
+    The draft is passed to every method but "ar" and the retrieval methods.
+    """
+    no_draft = ("ar", "pld", "logitspec")
+    kwargs = [dict(max_new_tokens=new_tokens, method=method, temperature=temperature, **options,
+                   **({} if method in no_draft or draft is None else {"draft": draft}))
+              for method, options in configs]
+    groups = batches(prompts, batch_size)
+    compile_s = [ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kw).stats["compile_time_s"]
+                 for kw in kwargs]
+    outs = [[] for _ in configs]
+    walls = [[] for _ in configs]
+    for i, group in enumerate(groups):
+        best = [float("inf")] * len(configs)
+        for _ in range(repeats):
+            for c, kw in enumerate(kwargs):
+                out = ssd_jax.generate(target, group, key=jax.random.PRNGKey(i), **kw)
+                best[c] = min(best[c], out.stats["wall_time_s"])
+                if len(outs[c]) == i:
+                    outs[c].append(out)
+        for c in range(len(configs)):
+            walls[c].append(best[c])
+    return [_totals(outs[c], walls[c], batch_size, compile_s[c], repeats, extra) for c in range(len(configs))]
+
+
+def run_config(target, prompts, method: str, options: dict, temperature: float, new_tokens: int, *,
+               batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> dict:
+    """`run_configs` for one configuration."""
+    return run_configs(target, prompts, [(method, options)], temperature, new_tokens, batch_size=batch_size,
+                       draft=draft, extra=extra, repeats=repeats)[0]
 
 
 def transformers_rates(model_dir: str, prompts, temperature: float, new_tokens: int, variants: dict) -> dict:
