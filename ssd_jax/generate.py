@@ -4,17 +4,24 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
+from ssd_jax.draft.cascade_options import DEFAULT_MAX_NGRAM, check_lenience, check_max_ngram, resolve_bigram
+from ssd_jax.draft.cascade_schedule import build_schedule
 from ssd_jax.engine.autoregressive import generate_ar
+from ssd_jax.engine.cascade import generate_cascade
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, prepare_prompts
 from ssd_jax.engine.retrieval import RETRIEVAL_METHODS, generate_retrieval
 from ssd_jax.engine.speculative import SPECULATIVE_METHODS, generate_speculative
+from ssd_jax.engine.ssd import generate_ssd
+from ssd_jax.engine.ssd_options import ssd_options
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 from ssd_jax.pairing import check_same_tokenizer
 from ssd_jax.sampling import SamplingParams
 
-METHODS = ("ar",) + tuple(SPECULATIVE_METHODS) + RETRIEVAL_METHODS
+METHODS = ("ar",) + tuple(SPECULATIVE_METHODS) + RETRIEVAL_METHODS + ("csd", "ssd")
 DEFAULT_NUM_DRAFT_TOKENS = 5
 DEFAULT_NUM_PATHS = 2  # benchmarks/results/speculative_sweep.json: K=2 beats K=3 wall-clock on CPU
 # Retrieval drafting (method -> option -> default).
@@ -75,6 +82,38 @@ def _check_draft(target: Model, draft, batch: PromptBatch, max_new_tokens: int, 
                          f"max_position_embeddings={draft.config.max_position_embeddings}")
 
 
+CASCADE_OPTIONS = ("drafts", "k_matrix", "max_draft_tokens", "lenience", "bigram", "max_ngram")
+
+
+def _cascade_options(target: Model, draft, batch: PromptBatch, max_new_tokens: int, sampling: SamplingParams,
+                     options: dict) -> dict:
+    """Checks method "csd"'s options; returns generate_cascade's keyword arguments."""
+    unknown = sorted(set(options) - set(CASCADE_OPTIONS))
+    if unknown:
+        raise InputError(f"method 'csd' does not take option(s) {', '.join(unknown)}; "
+                         f"it takes draft or {', '.join(CASCADE_OPTIONS)}")
+    drafts = options.get("drafts")
+    if drafts is not None and draft is not None:
+        raise InputError("method 'csd' takes draft=model or drafts=[model, ...] (largest first), not both")
+    if drafts is None:
+        if draft is None:
+            raise InputError("method 'csd' needs drafters: pass drafts=[model, ...] (largest first) or draft=model")
+        drafts = [draft]
+    if isinstance(drafts, Model) or not isinstance(drafts, (list, tuple)):
+        raise InputError(f"drafts must be a list of ssd_jax Models, largest first; got {type(drafts).__name__}")
+    schedule = build_schedule(options.get("k_matrix"), len(drafts), options.get("max_draft_tokens"))
+    for model in drafts:
+        _check_draft(target, model, batch, max_new_tokens, schedule.width + schedule.max_pending + 1)
+    needed = batch.max_length + max_new_tokens + schedule.width + 1
+    if needed > target.config.max_position_embeddings:
+        raise InputError(f"method 'csd' needs up to {needed} positions, beyond the target's "
+                         f"max_position_embeddings={target.config.max_position_embeddings}")
+    bigram = resolve_bigram(target, options.get("bigram")) if schedule.uses_maxgram else np.zeros((1,), np.int32)
+    lenience = check_lenience(options.get("lenience", 1.0), sampling)
+    max_ngram = check_max_ngram(options.get("max_ngram", DEFAULT_MAX_NGRAM))
+    return dict(drafts=tuple(drafts), schedule=schedule, lenience=lenience, bigram=bigram, max_ngram=max_ngram)
+
+
 def generate(
     target: Model,
     prompt_ids: Sequence[Sequence[int]],
@@ -95,15 +134,29 @@ def generate(
     (ragged). method: "ar" (autoregressive), or with a `draft` model "sd" (tokenwise speculative
     sampling), "bv" (block verification), "specinfer", "spectr", "gbv" (K i.i.d. draft paths);
     without a draft model "pld" (prompt lookup) and "logitspec" (retrieval + next-next guesses
-    from the last logit, a token tree).
+    from the last logit, a token tree); "csd" (a cascade of drafters reviewing each other's drafts
+    down to Max-Gram).
     method_options: num_draft_tokens (L, default 5) and num_paths (K, default 2 for multi-path
     methods); pld: num_draft_tokens, prompt_lookup_min (1), prompt_lookup_max (3); logitspec:
     num_draft_tokens (the root's retrieved branch), logitspec_topk (16), tree_capacity (64
-    nodes), max_ngram (3). temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
+    nodes), max_ngram (3); csd (Cascade Speculative Drafting, see `ssd_jax.draft.cascade`):
+    drafts=[model, ...] (largest first; draft=model means [model]), k_matrix ((n+2) x (n+2)
+    nested ints, rows/columns: target, drafts, Max-Gram; default
+    `ssd_jax.draft.cascade_schedule.default_cascade`), max_draft_tokens (the target verifies at
+    most this many of the cascade's draft tokens per step; default: the default cascade's cap
+    without a k_matrix, else all), lenience (1; > 1 only at temperature 0),
+    bigram (Max-Gram's table: int32 [V] or a path; default: the shipped table when the target has
+    the embedded tokenizer), max_ngram (4).
+    temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter
     as in transformers, identically for draft and target. key: a jax PRNG key shared by every row
     (a row's output does not depend on its batch), or one key per row; None means PRNGKey(0).
     stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
     are produced (row b produced new_tokens[b, :counts[b]]); it costs a small host copy per step.
+    method "ssd" (speculative speculative decoding / Saguaro, with a draft model; see
+    `ssd_jax.engine.ssd`): num_draft_tokens (4), fanout_budget (10 speculations per step), fanout
+    ("geometric" or "uniform"), saguaro_c (1.0 = plain sampling), fallback ("jit", "ngram" or
+    "auto"), target_devices / draft_devices (default: the visible devices split in two),
+    fanout_acceptance / fanout_exponent (Saguaro's a and r; default: estimated online).
     Returns GenerateOutput(tokens, finish_reasons, stats). Raises InputError on bad arguments.
     """
     if not isinstance(target, Model):
@@ -128,6 +181,14 @@ def generate(
                              f"max_position_embeddings={target.config.max_position_embeddings}")
         return generate_retrieval(target, batch, int(max_new_tokens), sampling, key, method=method, stream=stream,
                                   **options)
+    if method == "csd":
+        options = _cascade_options(target, draft, batch, int(max_new_tokens), sampling, method_options)
+        return generate_cascade(target, options.pop("drafts"), batch, int(max_new_tokens), sampling, key,
+                                stream=stream, **options)
+    if method == "ssd":  # speculative speculative decoding (Saguaro): see ssd_jax.engine.ssd
+        options = ssd_options(target, batch, int(max_new_tokens), method_options)
+        _check_draft(target, draft, batch, int(max_new_tokens), 2 * options["num_draft_tokens"] + 2)
+        return generate_ssd(target, draft, batch, int(max_new_tokens), sampling, key, stream=stream, **options)
     length, paths = _speculative_options(method, method_options)
     _check_draft(target, draft, batch, int(max_new_tokens), length)
     return generate_speculative(target, draft, batch, int(max_new_tokens), sampling, key, method=method,

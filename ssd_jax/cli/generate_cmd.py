@@ -36,7 +36,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--method", default="sd",
-                        help="ar, sd, bv, specinfer, spectr, gbv, pld or logitspec (default: sd; see README)")
+                        help="ar, sd, bv, specinfer, spectr, gbv, pld, logitspec, csd or ssd (default: sd; see README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
     parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
     retrieval = parser.add_argument_group("retrieval drafting (--method pld|logitspec)")
@@ -46,11 +46,42 @@ def register(subparsers) -> None:
                            help="logitspec: next-next guesses taken from the last logit (16)")
     retrieval.add_argument("--tree-capacity", type=int, default=None, help="logitspec: tree nodes, root included (64)")
     retrieval.add_argument("--max-ngram", type=int, default=None, help="logitspec: largest n-gram retrieved (3)")
+    cascade = parser.add_argument_group("cascade speculative drafting (--method csd)")
+    cascade.add_argument("--drafts", default=None, metavar="DIR[,DIR...]",
+                         help="drafter model directories, largest first (default: --draft, else the embedded draft)")
+    cascade.add_argument("--k-matrix", type=parse_k_matrix_arg, default=None, metavar="ROWS",
+                         help="rows separated by ';', entries by ',' (e.g. '0,4,1;0,0,2;0,0,0': the target gets 4 "
+                              "rounds of draft 1, each reviewing 2 Max-Gram tokens, then 1 Max-Gram token) or JSON")
+    cascade.add_argument("--max-draft-tokens", type=int, default=None,
+                         help="the most cascade draft tokens the target verifies per step (default: all)")
+    cascade.add_argument("--lenience", type=float, default=None,
+                         help="drafters keep a token whose probability is within this factor of their top one "
+                              "(>= 1; temperature 0 only; default 1)")
+    ssd = parser.add_argument_group("speculative speculative decoding (--method ssd)")
+    ssd.add_argument("--fanout-budget", type=int, default=None, help="ssd: speculations prepared per step (10)")
+    ssd.add_argument("--fanout", default=None, choices=["geometric", "uniform"],
+                     help="ssd: how the budget spreads over outcome depths (geometric = Saguaro)")
+    ssd.add_argument("--saguaro-c", type=float, default=None,
+                     help="ssd: Saguaro sampling's down-weighting C of cached tokens, in [0, 1] (1 = off)")
+    ssd.add_argument("--fallback", default=None, choices=["jit", "ngram", "auto"],
+                     help="ssd: drafting after a cache miss (jit = draft model; auto = n-gram at batch >= 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
     parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     add_sampling_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def parse_k_matrix_arg(text: str) -> list[list[int]]:
+    """'0,4,1;0,0,2;0,0,0' or '[[0,4,1],[0,0,2],[0,0,0]]' -> nested lists of ints (checked by generate)."""
+    try:
+        value = json.loads(text) if text.strip().startswith("[") else [
+            [int(v) for v in row.split(",") if v.strip()] for row in text.split(";") if row.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rows like '0,4,1;0,0,2;0,0,0', got {text!r}") from None
+    if not isinstance(value, list) or not all(isinstance(row, list) for row in value):
+        raise argparse.ArgumentTypeError(f"expected a list of rows, got {text!r}")
+    return value
 
 
 def encode_prompts(args, tokenizer) -> list[list[int]]:
@@ -85,7 +116,7 @@ def load_models(args):
     else:
         target_dir, draft_dir = args.target, args.draft
     target = ssd_jax.load(target_dir, dtype=args.dtype)
-    uses_draft = args.method not in ("ar",) + RETRIEVAL_METHODS
+    uses_draft = args.method not in ("ar",) + RETRIEVAL_METHODS and not (args.method == "csd" and args.drafts)
     draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and uses_draft else None
     if draft is not None:
         check_same_tokenizer(target, draft)
@@ -116,7 +147,24 @@ class TextStreamer:
 
 # Method options settable from the command line (argparse dest == generate() keyword).
 METHOD_OPTION_FLAGS = ("num_draft_tokens", "num_paths", "prompt_lookup_min", "prompt_lookup_max", "logitspec_topk",
-                       "tree_capacity", "max_ngram")
+                       "tree_capacity", "max_ngram", "fanout_budget", "fanout", "saguaro_c", "fallback",
+                       "k_matrix", "max_draft_tokens", "lenience")
+
+
+def load_drafts(args, target, draft) -> list:
+    """The drafters of --method csd: --drafts DIR[,DIR...] (largest first), else [the --draft or
+    embedded draft]. InputError for --drafts with another method or a drafter with another tokenizer."""
+    import ssd_jax
+    from ssd_jax.pairing import check_same_tokenizer
+
+    if args.method != "csd":
+        raise InputError(f"--drafts is for --method csd (got --method {args.method}); use --draft")
+    if not args.drafts:
+        return [draft] if draft is not None else None
+    drafts = [ssd_jax.load(d.strip(), dtype=args.dtype) for d in args.drafts.split(",") if d.strip()]
+    for model in drafts:
+        check_same_tokenizer(target, model)
+    return drafts
 
 
 def _options(args) -> dict:
@@ -149,18 +197,21 @@ def run(args) -> int:
     import ssd_jax
 
     target, draft = load_models(args)
+    options = _options(args)
+    if args.method == "csd" or args.drafts:
+        options["drafts"], draft = load_drafts(args, target, draft), None
     prompts = encode_prompts(args, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, key=jax.random.PRNGKey(args.seed))
     streaming = not (args.json or args.no_stream or len(prompts) > 1)
     stream = TextStreamer(target.tokenizer, prefix=args.prompt[0] if args.prompt else "") if streaming else None
-    out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, stream=stream, **common, **_options(args))
+    out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, stream=stream, **common, **options)
     baseline = None
     if args.compare:
         # Streaming costs a host copy per step, and a fresh executable's first run is slow (page
         # faults, cold caches): time both methods unstreamed, on their second run.
         for _ in range(2):
-            out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, **common, **_options(args))
+            out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, **common, **options)
             baseline = ssd_jax.generate(target, prompts, method="ar", **common)
     if baseline is not None:
         out.stats["ar_tokens_per_second"] = baseline.stats["tokens_per_second"]

@@ -1,0 +1,319 @@
+"""SSD (speculative speculative decoding, Saguaro): while the target verifies a speculation on
+its device group, the draft predicts the verification outcomes on its own group and drafts the
+next speculation for each of them, so that on a hit the next verify starts with no drafting.
+
+The host loop, one iteration per verification step s (programs in `ssd_jax.engine.ssd_steps`):
+  1. dispatch `target_verify(cur, d_s, q_s)` on the target group          (asynchronous)
+  2. dispatch `draft_build(cur, d_s)` on the draft group: the speculation cache
+     {(j, t): next L tokens + their q} for the fan-out's candidate outcomes  (asynchronous)
+  3. block on the verify outcome only: (k, t, appended, done), four int32 per row;
+  4. fetch the cache's candidate tokens and look each row's outcome (k, t) up: a hit takes the
+     cached speculation; if any row missed, the fallback ("jit": the draft model drafts from the
+     new root; "ngram": prompt lookup) drafts every row in one call and the rows that missed take
+     its speculation. The next speculation's q moves from the draft group to the target group.
+Both models' caches stay consistent after hits and misses: the target commits cur + accepted
+tokens; the draft commits cur + d[:k], whose K/V its build already wrote. The target verifies
+exactly (greedy at temperature 0, tokenwise rejection sampling otherwise) whichever speculation it
+gets, with the q that speculation was sampled from, so SSD reproduces the target's law; greedy
+output equals autoregressive output.
+
+With colocated groups (one device) the build and the verify run one after the other; the stats
+say so (`colocated`). `sync_timing=True` (benchmarks) waits for every program alone, to measure
+each one's latency; it removes the overlap.
+
+Concurrency. The draft group's build is dispatched from its own thread, the target's verify from
+the calling thread. On GPU/TPU each device runs its queue independently, so the two programs
+overlap under plain asynchronous dispatch. XLA:CPU orders every asynchronously dispatched
+single-device program after the previously enqueued one, whichever device it is on (the PjRt
+CPU client's "last enqueue event"), so fake CPU devices never overlap that way; with
+`jax.config.update("jax_cpu_enable_async_dispatch", False)` (set before the first computation)
+each CPU program runs in the thread that dispatches it, and the two groups then compute at once
+on different cores (benchmarks/bench_ssd.py measures both). The stats report the setting
+(`cpu_async_dispatch`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssd_jax.draft.fanout import FanoutEstimator, max_budget
+from ssd_jax.engine import ssd_steps as steps
+from ssd_jax.engine.output import GenerateOutput
+from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
+from ssd_jax.engine.runner import speculative_output
+from ssd_jax.engine.ssd_placement import DeviceGroup, resolve_groups
+from ssd_jax.engine.ssd_runtime import Programs, placed_params
+from ssd_jax.engine.ssd_stats import SSDTally, Stopwatch
+from ssd_jax.engine.streaming import StreamSink
+from ssd_jax.model import Model
+from ssd_jax.sampling import SamplingParams
+
+FALLBACKS = ("jit", "ngram", "auto")
+# fallback="auto" drafts misses by prompt lookup from this batch size on: a step misses when any
+# row misses, so hits get rarer with the batch (p_hit^B) and a cheap fallback pays off.
+AUTO_NGRAM_BATCH = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SSDPlan:
+    """Static shape and options of an SSD decode (see `ssd_jax.generate` for their meaning)."""
+
+    num_draft_tokens: int
+    fanout_budget: int
+    fanout: str
+    saguaro_c: float
+    fallback: str  # resolved: "jit" or "ngram"
+    out_size: int
+    prompt_size: int
+    vocab: int
+
+    @property
+    def num_slots(self) -> int:
+        return int(min(self.fanout_budget, max_budget(self.num_draft_tokens, self.vocab)))
+
+    @property
+    def rmax(self) -> int:
+        """Static bound on any depth's fan-out (top-k width)."""
+        return int(min(self.num_slots, self.vocab))
+
+    @property
+    def capacity(self) -> int:
+        return self.prompt_size + self.out_size + 2 * self.num_draft_tokens + 4
+
+    @property
+    def draft_capacity(self) -> int:
+        # Slot copies write up to 2L tokens past the committed text.
+        return self.capacity + self.num_draft_tokens + 2
+
+
+class _Decode:
+    """One SSD decode: the two groups' states and the host-side loop state (module docstring).
+
+    Host arrays, per row: cur int32 [B] (the root under verification), drafted int32 [B, L] (its
+    speculation; q, float32 [B, L, V] on the draft group, None at temperature 0), emitted int32
+    [B, L+1] and n_adv int32 [B] (the draft's pending catch-up), done bool [B].
+    """
+
+    def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                 sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
+                 draft_devices, stream: StreamSink | None, sync_timing: bool):
+        b, length = batch.batch_size, plan.num_draft_tokens
+        target_devs, draft_devs = resolve_groups(target_devices, draft_devices)
+        self.tgroup, self.dgroup = DeviceGroup(target_devs, b), DeviceGroup(draft_devs, b)
+        self.tparams, t_place = placed_params(target, self.tgroup)
+        self.dparams, d_place = placed_params(draft, self.dgroup)
+        self.placement_s = t_place + d_place
+        self.plan, self.sampling, self.estimator = plan, sampling, estimator
+        self.stream, self.sync_timing = stream, sync_timing
+        self.tally = SSDTally(length)
+        verifier = steps.verifier_for(sampling)
+        self.run = Programs((target.config, draft.config, sampling, plan, verifier, self.tgroup.ids(),
+                             self.dgroup.ids(), b))
+        tcfg, dcfg, vocab = target.config, draft.config, plan.vocab
+        drafting = dict(sampling=sampling, target_vocab=vocab, saguaro_c=plan.saguaro_c, rmax=plan.rmax)
+        self.prefill_t = functools.partial(steps.target_prefill, tcfg=tcfg, sampling=sampling,
+                                           capacity=plan.capacity, out_size=plan.out_size, num_draft_tokens=length)
+        self.prefill_d = functools.partial(steps.draft_prefill, dcfg=dcfg, capacity=plan.draft_capacity,
+                                           context_capacity=plan.capacity)
+        self.verify = functools.partial(steps.target_verify, tcfg=tcfg, sampling=sampling, capacity=plan.capacity,
+                                        verifier=verifier)
+        self.build = functools.partial(steps.draft_build, dcfg=dcfg, **drafting)
+        if plan.fallback == "jit":
+            self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
+        else:
+            ngram = functools.partial(steps.fallback_ngram, sampling=sampling, target_vocab=vocab,
+                                      num_draft_tokens=length)
+            self.fallback = lambda dparams, state, emitted, n_adv, root, fanout, step: ngram(state, emitted, n_adv)
+        self.keys = row_keys(key, b)
+        eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
+        prompt = (jnp.asarray(batch.tokens), jnp.asarray(batch.lengths))
+        self.t_inputs = self.tgroup.put(prompt + (self.keys,)) + self.tgroup.put(
+            (jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos)), replicate=True)
+        self.d_inputs = self.dgroup.put(prompt + (self.keys,))
+        # The draft group's programs are dispatched from their own thread: on CPU with
+        # jax_cpu_enable_async_dispatch=False each program runs in the thread that dispatches it,
+        # so the two groups compute at once (module docstring).
+        split = self.tgroup.devices != self.dgroup.devices
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft") if split and not sync_timing else None
+        self.rows = np.arange(b)
+        self.emitted = np.zeros((b, length + 1), np.int32)
+        self.n_adv = np.zeros((b,), np.int32)
+        self.q = None
+
+    def timed(self, field: str, fn):
+        """Runs fn; in sync-timing mode waits for its outputs and records its latency."""
+        if not self.sync_timing:
+            return fn()
+        start, compile_start = time.perf_counter(), self.run.compile_s
+        out = jax.block_until_ready(fn())
+        self.tally.sync[field].append(time.perf_counter() - start - (self.run.compile_s - compile_start))
+        return out
+
+    def start(self) -> None:
+        """Prefills both groups; the first speculation comes from the fallback (nothing is cached)."""
+        self.tstate, packed = self.run("ssd_target_prefill", self.prefill_t, self.tgroup, self.tparams, *self.t_inputs)
+        packed = np.asarray(packed)
+        self.cur = packed[:, steps.OUT_NEXT].astype(np.int32)
+        self.done = packed[:, steps.OUT_DONE].astype(bool)
+        if self.stream is not None:
+            self.stream(self.cur[:, None], packed[:, steps.OUT_APPENDED])
+        d_tokens, d_lengths, d_keys = self.d_inputs
+        self.dstate = self.run("ssd_draft_prefill", self.prefill_d, self.dgroup, self.dparams, d_tokens, d_lengths,
+                               self.cur, d_keys)
+        self.layout = self.estimator.layout()
+        self.step = 1
+        if not self.done.all():
+            self.drafted, self.q = self.draft_fallback(self.cur)
+
+    def draft_fallback(self, root: np.ndarray):
+        """The fallback's speculation for every row (tokens on the host, q on the draft group)."""
+        with Stopwatch(self.tally, "fallback", self.run):
+            tokens, q = self.timed("fallback_s", lambda: self.run(
+                "ssd_fallback_" + self.plan.fallback, self.fallback, self.dgroup, self.dparams, self.dstate,
+                self.emitted, self.n_adv, root, self.layout.fanout, np.int32(self.step)))
+            tokens = np.asarray(tokens)
+        self.tally.fallback_calls += 1
+        return tokens, q
+
+    def submit_build(self) -> Future:
+        """Step 2: the cache build for the outcomes of verifying (cur, drafted), dispatched from the
+        draft's own thread when the groups differ (after the first step, whose programs compile
+        first), else right here. Its result: (draft state, candidates [B, S, 1+L], q)."""
+        layout, dstate, emitted, n_adv, cur, drafted = (self.layout, self.dstate, self.emitted, self.n_adv, self.cur,
+                                                        self.drafted)
+
+        def build():
+            return self.timed("build_s", lambda: self.run(
+                "ssd_build", self.build, self.dgroup, self.dparams, dstate, emitted, n_adv, cur, drafted,
+                layout.depth, layout.rank, layout.fanout, np.int32(self.step), donate=(1,)))
+
+        if self.worker is not None and self.tally.steps > 0:
+            return self.worker.submit(build)
+        done: Future = Future()
+        done.set_result(build())
+        return done
+
+    def dispatch_verify(self):
+        """Step 1: the target's verify of (cur, drafted). Returns (packed outcome, the q sent)."""
+        q = None if self.q is None else jax.device_put(self.q, self.tgroup.sharding_for(self.q))
+        self.tstate, packed = self.timed("verify_s", lambda: self.run(
+            "ssd_verify", self.verify, self.tgroup, self.tparams, self.tstate, self.cur, self.drafted, q,
+            np.int32(self.step), donate=(1,)))
+        return packed, q
+
+    def collect_build(self, future: Future):
+        """Waits for the cache build; keeps the new draft state. Returns (candidates fetched to the
+        host: int32 [B, S, 1+L], q on the draft group or None)."""
+        with Stopwatch(self.tally, "wait_cache", self.run):
+            self.dstate, candidates, q = future.result()
+            candidates = np.asarray(candidates)
+        return candidates, q
+
+    def outcome(self, packed) -> tuple[np.ndarray, np.ndarray]:
+        """Step 3: waits for the verify outcome; streams the emitted tokens; sets the catch-up."""
+        with Stopwatch(self.tally, "wait_verify", self.run):
+            packed = np.asarray(packed)
+        accepted = packed[:, steps.OUT_ACCEPTED]
+        next_token = packed[:, steps.OUT_NEXT].astype(np.int32)
+        j = np.arange(self.plan.num_draft_tokens + 1)[None, :]
+        padded = np.concatenate([self.drafted, np.zeros_like(self.drafted[:, :1])], axis=1)
+        self.emitted = np.where(j < accepted[:, None], padded,
+                                np.where(j == accepted[:, None], next_token[:, None], 0)).astype(np.int32)
+        if self.stream is not None:
+            self.stream(self.emitted, packed[:, steps.OUT_APPENDED])
+        self.n_adv = np.where(~self.done, accepted + 1, 0).astype(np.int32)
+        self.done = packed[:, steps.OUT_DONE].astype(bool)
+        return accepted, next_token
+
+    def next_speculation(self, cache, accepted: np.ndarray, next_token: np.ndarray) -> None:
+        """Step 4: looks every row's outcome up in the cache; the fallback drafts the misses."""
+        candidates, spec_q = cache
+        fork, tokens = candidates[:, :, 0], candidates[:, :, 1:]
+        match = (self.layout.depth[None, :] == accepted[:, None]) & (fork == next_token[:, None])
+        hit, slot = match.any(axis=1), match.argmax(axis=1).astype(np.int32)
+        live = ~self.done
+        self.tally.record(accepted[live], hit[live])
+        self.estimator.record(accepted[live], hit[live], self.layout.fanout)
+        self.layout = self.estimator.layout()
+        self.step += 1
+        self.cur, self.drafted = next_token, tokens[self.rows, slot]
+        missed = ~hit & live
+        fallback_q = None
+        if missed.any():
+            fallback_tokens, fallback_q = self.draft_fallback(next_token)
+            self.drafted = np.where(missed[:, None], fallback_tokens, self.drafted).astype(np.int32)
+            self.tally.fallback_rows += int(missed.sum())
+        if spec_q is not None:
+            self.q = self.run("ssd_select_q", steps.select_q, self.dgroup, spec_q, slot, ~missed, fallback_q)
+
+    def loop(self, observe=None) -> None:
+        while not self.done.all():
+            future = self.submit_build()
+            packed, q = self.dispatch_verify()
+            accepted, next_token = self.outcome(packed)
+            self.tally.build_ready += future.done() and future.result()[1].is_ready()
+            if observe is not None and self.tally.steps == 0:
+                _, candidates, spec_q = future.result()
+                observe(dict(target_params=self.tparams, target_state=self.tstate, draft_params=self.dparams,
+                             draft_state=future.result()[0], cache=(candidates, spec_q), q=q,
+                             target_group=self.tgroup, draft_group=self.dgroup))
+            cache = self.collect_build(future)
+            self.tally.steps += 1
+            if self.done.all():
+                break
+            self.next_speculation(cache, accepted, next_token)
+
+
+def generate_ssd(
+    target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int, sampling: SamplingParams, key, *,
+    num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
+    target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
+    fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
+    observe=None,
+) -> GenerateOutput:
+    """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
+
+    sync_timing: wait for every device program alone and report each one's mean latency
+    (`stats["latency_s"]`; no overlap). observe: optional callable(dict) called once, after the
+    first step's dispatches, with the live arrays (target/draft params and states, the speculation
+    cache): tests check where they live.
+    """
+    b = batch.batch_size
+    resolved = fallback if fallback != "auto" else ("ngram" if b >= AUTO_NGRAM_BATCH else "jit")
+    plan = SSDPlan(num_draft_tokens=num_draft_tokens, fanout_budget=fanout_budget, fanout=fanout,
+                   saguaro_c=float(saguaro_c), fallback=resolved, out_size=bucket(max_new_tokens),
+                   prompt_size=batch.tokens.shape[1], vocab=target.config.vocab_size)
+    estimator = FanoutEstimator(fanout, num_draft_tokens, fanout_budget, plan.vocab, fanout_acceptance,
+                                fanout_exponent)
+    decode = _Decode(target, draft, batch, max_new_tokens, sampling, key, plan, estimator, target_devices,
+                     draft_devices, stream, sync_timing)
+    start = time.perf_counter()
+    try:
+        decode.start()
+        decode.loop(observe)
+    finally:
+        if decode.worker is not None:
+            decode.worker.shutdown()
+    outputs, counters = jax.device_get((decode.tstate["outputs"], decode.tstate["counters"]))
+    jax.block_until_ready(decode.dstate)  # the last build: its work belongs to this call
+    wall = time.perf_counter() - start - decode.run.compile_s
+
+    extra = dict(num_draft_tokens_per_step=num_draft_tokens, fanout_budget=fanout_budget, fanout_strategy=fanout,
+                 fanout=list(map(int, decode.layout.fanout)), fanout_acceptance_estimate=estimator.acceptance(),
+                 fanout_exponent_estimate=estimator.miss_exponent(), saguaro_c=plan.saguaro_c, fallback=resolved,
+                 colocated=decode.tgroup.devices == decode.dgroup.devices,
+                 target_devices=[str(d) for d in decode.tgroup.devices],
+                 draft_devices=[str(d) for d in decode.dgroup.devices], placement_time_s=decode.placement_s,
+                 cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
+                                     if decode.tgroup.devices[0].platform == "cpu" else None))
+    out = speculative_output("ssd", batch, outputs.out, outputs.num_out, outputs.finish, counters, wall,
+                             decode.run.compile_s, extra)
+    out.stats.update(decode.tally.stats(wall))
+    return out

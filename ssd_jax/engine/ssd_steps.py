@@ -1,0 +1,208 @@
+"""The device programs of SSD (speculative speculative decoding), one jit-able function each.
+
+Target group: `target_prefill`, `target_verify`. Draft group: `draft_prefill`, `draft_build`
+(the speculation cache), `fallback_model` / `fallback_ngram` (a next speculation on a miss),
+`select_q`. The host loop in `ssd_jax.engine.ssd` dispatches them asynchronously.
+
+Invariants at the top of step s, per row (P = target cache length):
+- target cache: every emitted token but the last, `cur` (at position P);
+- draft state: its cache holds the same text minus `pending`, the n_adv tokens cur_{s-1},
+  d_{s-1}[:k] whose K/V the previous build already wrote (uncommitted) right after the committed
+  slots; its context buffer (n-gram fallback) holds the text up to cur_{s-1} and lacks `emitted`
+  = d_{s-1}[:k] + [cur] (n_adv tokens). Both catch up at the start of the next draft program.
+- speculation d_s int32 [B, L] with q_s float32 [B, L, V], the distributions it was sampled from.
+
+Random keys, per row key r: first token fold_in(r, 0); verify of step s fold_in(fold_in(r, s), 2);
+build of step s, slot i: split(fold_in(fold_in(r, s), 1), S)[i]; fallback drafting the
+speculation of step s: fold_in(fold_in(r, s), 3). Distinct streams keep the draft of a speculation
+independent of every verification that decides which speculation is used, so decoding is exact.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ssd_jax import verify
+from ssd_jax.draft.ngram import append_tokens, find_continuation, suffix_queries
+from ssd_jax.draft.saguaro import draft_chain, fork_tokens
+from ssd_jax.draft.vocab import align_logits
+from ssd_jax.engine.autoregressive import prefill, sample_rows
+from ssd_jax.engine.emission import Outputs, append, stop_rows
+from ssd_jax.metrics import SpecCounters
+from ssd_jax.models.config import ModelConfig
+from ssd_jax.models.kv_cache import KVCache, commit
+from ssd_jax.models.transformer import forward_cached
+from ssd_jax.sampling import SamplingParams, probabilities
+
+# The verifier at temperature 0 and above (tests swap in a broken one to show their power).
+VERIFIERS = {"greedy": verify.greedy, "sampling": verify.tokenwise}
+# Columns of the packed per-step outcome the host blocks on.
+OUT_ACCEPTED, OUT_NEXT, OUT_APPENDED, OUT_DONE = range(4)
+
+
+def verifier_for(sampling: SamplingParams):
+    return VERIFIERS["greedy" if sampling.greedy else "sampling"]
+
+
+def _fold(keys: jax.Array, *data: int | jax.Array) -> jax.Array:
+    """fold_in applied row by row: keys uint32 [B, 2] -> [B, 2]."""
+    for d in data:
+        keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, d)
+    return keys
+
+
+# ---------------------------------------------------------------------------------- target group
+
+def target_prefill(tparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: ModelConfig,
+                   sampling: SamplingParams, capacity: int, out_size: int, num_draft_tokens: int):
+    """Prompts int32 [B, T] (lengths [B]) -> (target state, packed int32 [B, 4]: 0, first token,
+    appended, done). The state: cache, outputs, counters, keys, max_new, eos."""
+    b = tokens.shape[0]
+    logits, cache = prefill(tparams, tcfg, tokens, lengths, capacity)
+    first = sample_rows(sampling, _fold(keys, 0), logits)
+    ones = jnp.ones((b,), jnp.int32)
+    outputs, appended = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
+    state = dict(cache=cache, outputs=outputs, counters=SpecCounters.zeros(b, num_draft_tokens), keys=keys,
+                 max_new=max_new, eos=eos_ids)
+    packed = jnp.stack([jnp.zeros_like(first), first, appended, outputs.done.astype(jnp.int32)], axis=1)
+    return state, packed
+
+
+def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, sampling: SamplingParams,
+                  capacity: int, verifier):
+    """One verification: the target scores [cur, d] in one forward and the verifier decides.
+
+    cur int32 [B]; drafted int32 [B, L]; q float32 [B, L, V] (None at temperature 0); step int32 [].
+    Commits cur and the accepted tokens, appends d[:k] + [t] to the outputs, records counters.
+    Returns (state, packed int32 [B, 4]: k, t, tokens appended, done).
+    """
+    cache: KVCache = state["cache"]
+    outputs: Outputs = state["outputs"]
+    b, length = drafted.shape
+    active = ~outputs.done
+    block = jnp.concatenate([cur[:, None], drafted], axis=1)
+    positions = cache.lengths[:, None] + jnp.arange(length + 1, dtype=jnp.int32)[None, :]
+    logits, cache = forward_cached(tparams, tcfg, block, positions, cache)
+    if sampling.greedy:
+        # Greedy verification reads argmax p only: the logits have the same argmax (lowest id on
+        # ties, as `probabilities`' one-hot), and q is never read.
+        p, q = logits, jnp.zeros((b, length, logits.shape[-1]), jnp.float32)
+    else:
+        p = probabilities(logits, sampling)
+    keys = _fold(state["keys"], step, 2)
+    result = jax.vmap(lambda k, d, qq, pp: verifier(k, d[None], qq[None], pp[None]))(keys, drafted, q, p)
+    accepted, next_token = result.num_accepted[:, 0], result.next_token[:, 0]
+    cache = commit(cache, jnp.where(active, accepted + 1, 0))
+    j = jnp.arange(length + 1)[None, :]
+    padded = jnp.concatenate([drafted, jnp.zeros_like(drafted[:, :1])], axis=1)
+    emitted = jnp.where(j < accepted[:, None], padded, jnp.where(j == accepted[:, None], next_token[:, None], 0))
+    outputs, appended = append(outputs, emitted, accepted + 1, state["max_new"], state["eos"])
+    counters = state["counters"].record(active, accepted)
+    # A row whose cache could not take another step ends with reason "length".
+    outputs = stop_rows(outputs, cache.lengths + length + 1 > capacity)
+    state = dict(state, cache=cache, outputs=outputs, counters=counters)
+    packed = jnp.stack([accepted, next_token, appended, outputs.done.astype(jnp.int32)], axis=1)
+    return state, packed.astype(jnp.int32)
+
+
+# ---------------------------------------------------------------------------------- draft group
+
+def draft_prefill(dparams, tokens, lengths, first, keys, *, dcfg: ModelConfig, capacity: int, context_capacity: int):
+    """The draft state after the prompt: cache holding the prompt (cur = first is pending),
+    context = prompt + first (int32 [B, context_capacity]), keys uint32 [B, 2]."""
+    b, width = tokens.shape
+    _, cache = prefill(dparams, dcfg, tokens, lengths, capacity)
+    context = jnp.zeros((b, context_capacity), jnp.int32).at[:, :width].set(tokens)
+    context = jnp.where(jnp.arange(context_capacity)[None, :] < lengths[:, None], context, 0)
+    context, context_len = append_tokens(context, lengths, first[:, None], jnp.ones((b,), jnp.int32))
+    return dict(cache=cache, context=context, context_len=context_len, keys=keys)
+
+
+def _catch_up(state, emitted, n_adv):
+    """Commits the pending n_adv tokens (whose K/V the last build wrote) and appends emitted
+    [B, L+1] (n_adv of them: d[:k] + [t]) to the context, which then ends with the new root."""
+    cache = commit(state["cache"], n_adv)
+    context, context_len = append_tokens(state["context"], state["context_len"], emitted, n_adv)
+    return cache, context, context_len
+
+
+def _repeat_rows(cache: KVCache, times: int, lengths: jax.Array) -> KVCache:
+    """Each row's K/V repeated `times` times (row b's copies at b*times + i), with new lengths int32 [B*times]."""
+    axis = 0 if cache.per_layer else 1  # stacked buffers are [layers, B, ...]
+    repeat = lambda x: jnp.repeat(x, times, axis=axis)  # noqa: E731
+    k = tuple(map(repeat, cache.k)) if cache.per_layer else repeat(cache.k)
+    v = tuple(map(repeat, cache.v)) if cache.per_layer else repeat(cache.v)
+    return KVCache(k=k, v=v, lengths=lengths.astype(jnp.int32))
+
+
+def draft_build(dparams, state, emitted, n_adv, cur, drafted, slot_depth, slot_rank, fanout, step, *,
+                dcfg: ModelConfig, sampling: SamplingParams, target_vocab: int, saguaro_c: float, rmax: int):
+    """Builds the speculation cache for the outcomes of verifying `drafted` (while the target does).
+
+    emitted int32 [B, L+1], n_adv int32 [B]: the catch-up (see module docstring). cur int32 [B]
+    and drafted int32 [B, L]: the speculation under verification. slot_depth, slot_rank int32 [S],
+    fanout int32 [L+1]: the slot layout (`fanout.SlotLayout`). step int32 [].
+    One draft forward over [cur, d] gives the draft's logits at depths 0..L (its K/V stays in the
+    cache, uncommitted, for the next catch-up); every slot forks on its candidate token and drafts
+    L tokens from there on its own copy of the cache (B*S rows in one batched chain).
+    Returns (state, candidates int32 [B, S, 1+L]: each slot's fork token then its L drafted
+    tokens (one array, so the host fetches it in one transfer), q float32 [B, S, L, V] or None).
+    """
+    b, length = drafted.shape
+    num_slots = slot_depth.shape[0]
+    cache, context, context_len = _catch_up(state, emitted, n_adv)
+    block = jnp.concatenate([cur[:, None], drafted], axis=1)
+    positions = cache.lengths[:, None] + jnp.arange(length + 1, dtype=jnp.int32)[None, :]
+    logits, cache = forward_cached(dparams, dcfg, block, positions, cache)
+    fork = fork_tokens(align_logits(logits, target_vocab), drafted, slot_depth, slot_rank, rmax=rmax)
+
+    # Slot copies: the committed text plus cur, d[:depth] (already written by the forward above).
+    copies = _repeat_rows(cache, num_slots, (cache.lengths[:, None] + 1 + slot_depth[None, :]).reshape(-1))
+    keys = jax.vmap(lambda k: jax.random.split(k, num_slots))(_fold(state["keys"], step, 1)).reshape(-1, 2)
+    tokens, q = draft_chain(dparams, dcfg, copies, fork.reshape(-1, 1), jnp.ones((b * num_slots,), jnp.int32),
+                            keys, fanout, num_draft_tokens=length, sampling=sampling, target_vocab=target_vocab,
+                            saguaro_c=saguaro_c, rmax=rmax)
+    candidates = jnp.concatenate([fork[:, :, None], tokens.reshape(b, num_slots, length)], axis=2)
+    q = None if q is None else q.reshape(b, num_slots, length, -1)
+    state = dict(state, cache=cache, context=context, context_len=context_len)
+    return state, candidates, q
+
+
+def fallback_model(dparams, state, emitted, n_adv, root, fanout, step, *, dcfg: ModelConfig,
+                   sampling: SamplingParams, target_vocab: int, saguaro_c: float, rmax: int, num_draft_tokens: int):
+    """Just-in-time drafting of step `step`'s speculation with the draft model, for every row
+    (the host uses it for the rows that missed). root int32 [B]: the new cur.
+    Returns (tokens int32 [B, L], q float32 [B, L, V] or None); the state is not changed."""
+    cache, _, _ = _catch_up(state, emitted, n_adv)
+    return draft_chain(dparams, dcfg, cache, root[:, None], jnp.ones_like(root), _fold(state["keys"], step, 3),
+                       fanout, num_draft_tokens=num_draft_tokens, sampling=sampling, target_vocab=target_vocab,
+                       saguaro_c=saguaro_c, rmax=rmax)
+
+
+def fallback_ngram(state, emitted, n_adv, *, sampling: SamplingParams, target_vocab: int, num_draft_tokens: int,
+                   n_min: int = 1, n_max: int = 3):
+    """Prompt-lookup drafting: the L tokens that followed the last earlier occurrence of the text's
+    final n-gram (n_max..n_min) in prompt + emitted text; a short match is padded with the root.
+    The draft is a point mass: q = one-hot of each token (None at temperature 0).
+    Returns (tokens int32 [B, L], q); the state is not changed."""
+    _, context, context_len = _catch_up(state, emitted, n_adv)
+    query, query_len = suffix_queries(context, context_len, n_max)
+    found, count, _ = find_continuation(context, context_len, query, query_len, n_min=n_min, n_max=n_max,
+                                        num_tokens=num_draft_tokens)
+    root = jnp.take_along_axis(context, jnp.maximum(context_len - 1, 0)[:, None], axis=1)
+    tokens = jnp.where(jnp.arange(num_draft_tokens)[None, :] < count[:, :1], found[:, 0], root).astype(jnp.int32)
+    if sampling.greedy:
+        return tokens, None
+    return tokens, jax.nn.one_hot(tokens, target_vocab, dtype=jnp.float32)
+
+
+def select_q(q, slot, hit, fallback_q):
+    """The q of the next speculation per row: cache slot `slot`'s where hit, else the fallback's.
+
+    q float32 [B, S, L, V]; slot int32 [B]; hit bool [B]; fallback_q float32 [B, L, V], or None
+    when no row missed. Returns float32 [B, L, V]."""
+    chosen = q[jnp.arange(q.shape[0]), slot]
+    if fallback_q is None:
+        return chosen
+    return jnp.where(hit[:, None, None], chosen, fallback_q)

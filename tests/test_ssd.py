@@ -1,0 +1,381 @@
+"""SSD (speculative speculative decoding, Saguaro) is lossless: greedy output equals autoregressive
+output, the sampled law equals the target's; its speculation cache holds exactly what a
+synchronous draft would draft; target and draft arrays live on their own device groups.
+
+Multi-device checks need fake CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=N),
+which must be set before jax is imported; the rest of the suite runs with one device in this
+process, so each multi-device check runs `tests/ssd_multidevice.py` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ssd_jax
+from ssd_jax import verify
+from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, uniform_fanout
+from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
+from ssd_jax.engine import ssd_steps
+from ssd_jax.engine.autoregressive import prefill
+from ssd_jax.errors import InputError
+from ssd_jax.models.transformer import forward_full
+from ssd_jax.sampling import SamplingParams, probabilities
+from spec_models import llama, noisy_copy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A 2-layer random target and a lightly perturbed copy: acceptance ~0.4-0.6, so hits,
+    misses and every outcome depth occur."""
+    target = llama(64, 64, 2, seed=0)
+    return target, noisy_copy(target, 0.03, 5)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = np.random.default_rng(1)
+    return [rng.integers(2, 64, n).tolist() for n in (6, 1, 13)]
+
+
+@pytest.fixture(scope="module")
+def reference(models, prompts):
+    return ssd_jax.generate(models[0], prompts, max_new_tokens=40)
+
+
+# ---------------------------------------------------------------------------------- greedy == AR
+
+@pytest.mark.parametrize("options", [
+    dict(fanout="uniform"),
+    dict(fanout="geometric", fanout_budget=6, num_draft_tokens=3),
+    dict(fanout="geometric", saguaro_c=0.3, fallback="ngram"),
+    dict(fanout="uniform", fanout_budget=3, num_draft_tokens=5, fallback="auto"),
+    dict(fanout="geometric", fanout_budget=1, num_draft_tokens=1, saguaro_c=0.0),
+])
+def test_greedy_equals_autoregressive_batched_and_alone(models, prompts, reference, options):
+    target, draft = models
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=draft, **options)
+    assert out.tokens == reference.tokens
+    assert out.finish_reasons == reference.finish_reasons
+    s = out.stats
+    assert s["num_accepted_tokens"] > 0 and s["colocated"] is True
+    assert 0 < s["cache_hit_rate"] < 1 and s["fallback_rows"] > 0  # both paths were taken
+    assert sum(s["outcomes_by_accepted_length"]) == s["cache_lookups"]
+    alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method="ssd", draft=draft, **options)
+    assert alone.tokens[0] == out.tokens[2]
+
+
+def test_greedy_matches_sd_acceptance_and_a_perfect_draft_always_hits(models, prompts):
+    """At temperature 0 the speculations are the draft's greedy chains, as in SD: same acceptance.
+    With the target as its own draft every outcome is (L, argmax): every lookup hits."""
+    target, draft = models
+    sd = ssd_jax.generate(target, prompts, max_new_tokens=40, method="sd", draft=draft, num_draft_tokens=4)
+    ssd = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=draft, num_draft_tokens=4)
+    assert ssd.stats["num_accepted_tokens"] == sd.stats["num_accepted_tokens"]
+    assert ssd.stats["num_drafts"] == sd.stats["num_drafts"]
+    perfect = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=target)
+    assert perfect.stats["acceptance_rate"] == 1.0 and perfect.stats["cache_hit_rate"] == 1.0
+    assert perfect.stats["fallback_calls"] == 1  # only the very first speculation
+    assert perfect.tokens == ssd_jax.generate(target, prompts, max_new_tokens=40).tokens
+
+
+def test_embedded_pair_greedy_equals_autoregressive():
+    target, draft = ssd_jax.default_models()
+    texts = ["def fibonacci(n):", "import os\n\nclass Config:", "for i in range("]
+    prompts = [target.tokenizer.encode(t).ids for t in texts]
+    reference = ssd_jax.generate(target, prompts, max_new_tokens=48)
+    for options in (dict(), dict(fanout="uniform", saguaro_c=0.5, fallback="ngram")):
+        out = ssd_jax.generate(target, prompts, max_new_tokens=48, method="ssd", draft=draft, **options)
+        assert out.tokens == reference.tokens
+        assert out.stats["cache_hit_rate"] > 0.5
+    alone = ssd_jax.generate(target, prompts[:1], max_new_tokens=48, method="ssd", draft=draft)
+    assert alone.tokens[0] == reference.tokens[0]
+
+
+def test_auto_fallback_switches_to_ngram_at_large_batch(models):
+    target, draft = models
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, 64, 5).tolist() for _ in range(8)]
+    reference = ssd_jax.generate(target, prompts, max_new_tokens=24)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=24, method="ssd", draft=draft, fallback="auto")
+    assert out.stats["fallback"] == "ngram" and out.tokens == reference.tokens
+    small = ssd_jax.generate(target, prompts[:2], max_new_tokens=24, method="ssd", draft=draft, fallback="auto")
+    assert small.stats["fallback"] == "jit" and small.tokens == reference.tokens[:2]
+
+
+def test_eos_and_streaming(models, prompts):
+    """Rows end at EOS exactly as AR's do; the stream carries the same tokens."""
+    target, draft = models
+    with_eos = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=(7, 19)))
+    reference = ssd_jax.generate(with_eos, prompts, max_new_tokens=40)
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def sink(tokens, counts):
+        for row in range(len(prompts)):
+            got[row].extend(int(t) for t in tokens[row, : counts[row]])
+
+    out = ssd_jax.generate(with_eos, prompts, max_new_tokens=40, method="ssd", draft=draft, stream=sink)
+    assert out.tokens == reference.tokens and out.finish_reasons == reference.finish_reasons
+    assert got == out.tokens
+
+
+# ---------------------------------------------------------------------------------- fan-out
+
+def test_fanout_allocations():
+    assert uniform_fanout(4, 10, 100) == (2, 2, 2, 2, 2)
+    assert uniform_fanout(4, 12, 100) == (3, 3, 2, 2, 2)
+    assert sum(uniform_fanout(3, 2, 100)) == 2
+    # Geometric: F_k ~ a^(k/(1+r)) below L, a heavier F_L; sums to the budget.
+    f = geometric_fanout(4, 30, 1000, acceptance=0.6, miss_exponent=1.0)
+    assert sum(f) == 30 and list(f[:4]) == sorted(f[:4], reverse=True)
+    ideal = np.array([0.6 ** (k / 2) for k in range(4)] + [0.6 ** 2 * 0.4 ** -0.5])
+    assert np.abs(np.array(f) - 30 * ideal / ideal.sum()).max() < 1.0
+    assert geometric_fanout(4, 30, 1000, 0.95, 1.0)[-1] > geometric_fanout(4, 30, 1000, 0.5, 1.0)[-1]
+    # Caps: V-1 candidates below depth L (the drafted token is excluded), V at depth L.
+    assert geometric_fanout(2, 100, 4, 0.5, 1.0) == (3, 3, 4)
+    assert min(geometric_fanout(4, 5, 1000, 0.3, 1.0)) == 1  # every depth keeps one fork
+    layout = SlotLayout.from_fanout((2, 0, 1), 4)
+    assert layout.depth.tolist() == [0, 0, 2, 2] and layout.rank.tolist() == [0, 1, 0, 0]
+
+
+def test_fanout_estimator_learns_acceptance_and_exponent():
+    est = FanoutEstimator("geometric", 4, 20, 1000)
+    assert est.acceptance() == 0.7 and est.miss_exponent() == 1.0  # defaults before warm-up
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        fanout = est.fanout()
+        k = np.minimum(rng.geometric(1 - 0.8, size=4) - 1, 4)  # P(k) = 0.8^k 0.2, capped at L
+        miss_prob = np.array([fanout[j] ** -1.5 for j in k])
+        est.record(k, rng.random(4) >= miss_prob, fanout)
+    assert abs(est.acceptance() - 0.8) < 0.03
+    assert abs(est.miss_exponent() - 1.5) < 0.3
+    fixed = FanoutEstimator("geometric", 4, 20, 1000, acceptance=0.5, miss_exponent=2.0)
+    fixed.record(np.array([4, 4]), np.array([True, True]), fixed.fanout())
+    assert fixed.fanout() == geometric_fanout(4, 20, 1000, 0.5, 2.0)
+
+
+# ---------------------------------------------------------------------------------- Saguaro sampling
+
+def test_saguaro_reshape_scales_the_top_tokens():
+    probs = jnp.array([[0.5, 0.3, 0.15, 0.05]])
+    logits = jnp.log(probs)
+    sigma = saguaro_reshape(probs, logits, jnp.int32(2), 0.5, 4)
+    expected = np.array([0.25, 0.15, 0.15, 0.05]) / 0.6
+    np.testing.assert_allclose(np.asarray(sigma[0]), expected, rtol=1e-6)
+    assert saguaro_reshape(probs, logits, jnp.int32(2), 1.0, 4) is probs
+    # C = 0 with every mass in the top F: nothing else to sample, the plain distribution stays.
+    point = jnp.array([[1.0, 0.0, 0.0, 0.0]])
+    np.testing.assert_allclose(np.asarray(saguaro_reshape(point, logits, jnp.int32(2), 0.0, 4)), point)
+
+
+def test_blocked_sampler_draws_from_the_distribution():
+    """sample_blocked's two-stage Gumbel draw has the law of its input (z-test at 5 sigma over
+    every id, 100k draws, blocks that split the vocabulary unevenly and a zero-mass block)."""
+    probs = jax.nn.softmax(jnp.arange(150.0) / 25).at[64:128].set(0.0)
+    probs = probs / probs.sum()
+    keys = jax.random.split(jax.random.key(7), 100_000)
+    draws = np.asarray(jax.jit(jax.vmap(lambda k: sample_blocked(k, probs)))(keys))
+    freq = np.bincount(draws, minlength=150) / len(draws)
+    p = np.asarray(probs, np.float64)
+    assert np.all(np.abs(freq - p) <= 5 * np.sqrt(p * (1 - p) / len(draws)) + 1e-9)
+    assert not np.any(freq[64:128])
+
+
+# ---------------------------------------------------------------------------------- speculation cache
+
+@pytest.mark.parametrize("temperature, c", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.4)])
+def test_speculation_cache_equals_a_synchronous_draft(models, temperature, c):
+    """For every slot (j, t) of a cache build, the cached speculation (tokens and q) is what the
+    draft drafts synchronously from a fresh prefill of prompt + cur + d[:j] + [t] with the
+    slot's key; the slot's token is the draft's best at depth j other than d_j."""
+    _, draft = models
+    dcfg, vocab, length, width = draft.config, draft.config.vocab_size, 3, 48
+    sampling = SamplingParams(temperature=temperature)
+    prompts = [[5, 9, 11, 3, 7], [2, 4]]
+    tokens = jnp.asarray([p + [0] * (8 - len(p)) for p in prompts], jnp.int32)
+    lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
+    keys = jax.random.key_data(jax.random.split(jax.random.key(4), 2))
+    cur = jnp.asarray([13, 17], jnp.int32)
+    layout = SlotLayout.from_fanout((2, 1, 1, 2), 6)
+    fanout = jnp.asarray(layout.fanout)
+    kw = dict(dcfg=dcfg, sampling=sampling, target_vocab=vocab, saguaro_c=c, rmax=6)
+    no_catch_up = (jnp.zeros((2, length + 1), jnp.int32), jnp.zeros((2,), jnp.int32))
+    state = ssd_steps.draft_prefill(draft.params, tokens, lengths, cur, keys, dcfg=dcfg, capacity=width,
+                                    context_capacity=width)
+    fallback = jax.jit(functools.partial(ssd_steps.fallback_model, num_draft_tokens=length, **kw))
+    drafted, _ = fallback(draft.params, state, *no_catch_up, cur, fanout, 1)
+    step = 5
+    build = jax.jit(functools.partial(ssd_steps.draft_build, **kw))
+    _, candidates, spec_q = build(draft.params, state, *no_catch_up, cur, drafted, jnp.asarray(layout.depth),
+                                  jnp.asarray(layout.rank), fanout, step)
+    fork, spec_tokens = candidates[:, :, 0], candidates[:, :, 1:]
+    slot_keys = jax.vmap(lambda k: jax.random.split(k, 6))(ssd_steps._fold(keys, step, 1))
+
+    @jax.jit
+    def synchronous(text, text_len, fork_token, key):
+        """Logits after the text, and the draft of L tokens after text + [fork_token]."""
+        logits = forward_full(draft.params, dcfg, text)[0, text_len - 1]
+        _, cache = prefill(draft.params, dcfg, text, text_len[None], width)
+        return logits, draft_chain(draft.params, dcfg, cache, fork_token[None, None], jnp.ones((1,), jnp.int32),
+                                   key[None], fanout, num_draft_tokens=length, sampling=sampling,
+                                   target_vocab=vocab, saguaro_c=c, rmax=6)
+
+    for row, prompt in enumerate(prompts):
+        for slot, (j, rank) in enumerate(zip(layout.depth, layout.rank)):
+            text = prompt + [int(cur[row])] + np.asarray(drafted[row, :j]).tolist()
+            padded = jnp.asarray([text + [0] * (16 - len(text))], jnp.int32)
+            logits, (sync_tokens, sync_q) = synchronous(padded, jnp.int32(len(text)), fork[row, slot],
+                                                        slot_keys[row, slot])
+            # The fork token: rank-th best draft logit at depth j, the drafted token excluded.
+            logits = np.array(logits)
+            if j < length:
+                logits[int(drafted[row, j])] = -np.inf
+            assert int(fork[row, slot]) == int(np.argsort(-logits, kind="stable")[rank])
+            assert np.asarray(sync_tokens[0]).tolist() == np.asarray(spec_tokens[row, slot]).tolist()
+            if temperature > 0:
+                np.testing.assert_allclose(np.asarray(sync_q[0]), np.asarray(spec_q[row, slot]), atol=1e-5)
+
+
+# ---------------------------------------------------------------------------------- sampling law
+
+VOCAB, NEW, SAMPLES = 4, 3, 6000
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    target = llama(VOCAB, 32, 1, seed=3, scale=0.4, eos=())
+    return target, noisy_copy(target, 1.0, 4)
+
+
+def _exact_law(target, prompt, sampling):
+    """P(x1..x3 | prompt) for all VOCAB**3 continuations, float64."""
+    law = np.zeros((VOCAB,) * NEW)
+    for seq in itertools.product(range(VOCAB), repeat=NEW):
+        tokens = np.array([prompt + list(seq)])
+        probs = np.asarray(probabilities(ssd_jax.forward(target, tokens)[0], sampling), np.float64)
+        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
+    return law / law.sum()
+
+
+def _empirical(target, draft, prompt, sampling, options):
+    keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method="ssd", draft=draft, key=keys,
+                           temperature=sampling.temperature, top_k=sampling.top_k, **options)
+    counts = np.zeros((VOCAB,) * NEW)
+    for row in out.tokens:
+        counts[tuple(row)] += 1
+    return counts / SAMPLES, out.stats
+
+
+def _consistent(freq, law) -> bool:
+    # Per-outcome z-test at 5 sigma over 64 outcomes: false-failure probability < 1e-4 per call.
+    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
+    return bool(np.all(np.abs(freq - law) <= 5 * sigma + 1e-9))
+
+
+LAW_OPTIONS = [
+    dict(num_draft_tokens=2, fanout_budget=3, fanout="geometric", fallback="jit"),
+    dict(num_draft_tokens=2, fanout_budget=4, fanout="uniform", fallback="jit", saguaro_c=0.3),
+    dict(num_draft_tokens=1, fanout_budget=2, fanout="geometric", fallback="ngram", saguaro_c=0.0),
+]
+
+
+@pytest.mark.parametrize("options", LAW_OPTIONS)
+def test_sampled_law_equals_target_law(tiny_models, options):
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1]
+    freq, stats = _empirical(target, draft, prompt, sampling, options)
+    # Hundreds of hits and of fallback rows: both ways a speculation reaches the verifier are exercised.
+    assert stats["cache_hit_rate"] * stats["cache_lookups"] > 100 and stats["fallback_rows"] > 100
+    assert _consistent(freq, _exact_law(target, prompt, sampling))
+
+
+def test_sampled_law_with_top_k(tiny_models):
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=0.7, top_k=3)
+    prompt = [3, 1]
+    freq, _ = _empirical(target, draft, prompt, sampling, LAW_OPTIONS[1])
+    assert _consistent(freq, _exact_law(target, prompt, sampling))
+
+
+def test_sampling_law_check_has_power(tiny_models, monkeypatch):
+    """Greedy acceptance at temperature 1 fails the same check."""
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=1.0)
+    monkeypatch.setitem(ssd_steps.VERIFIERS, "sampling", verify.greedy)
+    prompt = [0, 2, 1]
+    freq, _ = _empirical(target, draft, prompt, sampling, LAW_OPTIONS[0])
+    assert not _consistent(freq, _exact_law(target, prompt, sampling))
+
+
+# ---------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(), "need a draft model"),
+    (dict(num_draft_tokens=0), "num_draft_tokens must be an integer >= 1, got 0"),
+    (dict(fanout_budget=0), "fanout_budget must be an integer >= 1, got 0"),
+    (dict(fanout="tree"), "fanout must be one of 'uniform', 'geometric', got 'tree'"),
+    (dict(saguaro_c=1.5), r"saguaro_c must be a number in \[0, 1\].*got 1.5"),
+    (dict(fallback="random"), "fallback must be one of 'jit', 'ngram', 'auto', got 'random'"),
+    (dict(fanout_acceptance=1.0), r"fanout_acceptance must be a number in \(0, 1\), got 1.0"),
+    (dict(num_paths=2), "does not take option"),
+    (dict(target_devices=[0]), "give both target_devices and draft_devices"),
+    (dict(target_devices=[0], draft_devices=[7]), "names device 7"),
+])
+def test_bad_ssd_arguments(models, kwargs, match):
+    target, draft = models
+    if "need a draft" not in match:
+        kwargs["draft"] = draft
+    with pytest.raises(InputError, match=match):
+        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="ssd", **kwargs)
+
+
+def test_cli_flags_reach_generate(capsys):
+    from ssd_jax.cli import main
+
+    code = main(["generate", "--method", "ssd", "--prompt-ids", "5,6,7", "--max-new-tokens", "8", "--json",
+                 "--fanout-budget", "4", "--fanout", "uniform", "--saguaro-c", "0.5", "--fallback", "ngram",
+                 "--temperature", "1"])
+    assert code == 0
+    stats = json.loads(capsys.readouterr().out)["stats"]
+    assert (stats["method"], stats["fanout_budget"], stats["fanout_strategy"], stats["saguaro_c"],
+            stats["fallback"]) == ("ssd", 4, "uniform", 0.5, "ngram")
+
+
+# ---------------------------------------------------------------------------------- several devices
+
+def _multidevice(check: str, devices: int) -> dict:
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "ssd_multidevice.py"), check], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_two_devices_place_each_model_on_its_own_device():
+    result = _multidevice("split", 2)
+    assert result["colocated"] is False and result["cpu_async_dispatch"] is False
+    assert result["target_devices"] == [0] and result["draft_devices"] == [1]
+    assert result["equal_to_ar"] and result["sampled_equal_to_colocated"]
+    assert result["placements_ok"], result["placements"]
+
+
+def test_four_devices_groups_of_two():
+    result = _multidevice("groups", 4)
+    assert result["target_devices"] == [0, 1] and result["draft_devices"] == [2, 3]
+    assert result["cpu_async_dispatch"] is True
+    assert result["equal_to_ar"]
+    assert result["placements_ok"], result["placements"]
