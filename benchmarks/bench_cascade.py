@@ -40,7 +40,7 @@ from benchmarks.common import (RESULTS_DIR, cpu_busy_fraction, format_table, loa
                                machine_info, write_json)
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
 from benchmarks.spec_harness import label, run_config  # noqa: E402
-from ssd_jax.draft.cascade_schedule import build_schedule  # noqa: E402
+from ssd_jax.draft.cascade_schedule import build_schedule, default_cascade, default_k_matrix  # noqa: E402
 from ssd_jax.models.kv_cache import init_cache  # noqa: E402
 from ssd_jax.models.transformer import decode_params, forward_cached  # noqa: E402
 
@@ -62,21 +62,29 @@ def cascade_stats(target, prompts, options: dict, temperature: float, new_tokens
     return totals
 
 
+def _cascade(k_matrix, cap=None, **extra) -> dict:
+    options = dict(k_matrix=[list(row) for row in k_matrix], **extra)
+    if cap is not None:
+        options["max_draft_tokens"] = cap
+    return options
+
+
 def configurations(two_drafters: bool, temperature: float) -> list[tuple[str, dict]]:
     """(method, options) pairs; `drafts` is an int here: how many of [draft, draft_small] to use.
-    The first cascade of each drafter count is its default (`default_cascade`)."""
+    The first cascade of each drafter count is the default for the temperature (`default_cascade`)."""
+    greedy = temperature == 0.0
     configs: list[tuple[str, dict]] = [("ar", {}), ("sd", dict(num_draft_tokens=SD_LENGTH))]
-    one = [dict(k_matrix=[[0, 4, 0], [0, 0, 1], [0, 0, 0]], max_draft_tokens=6),
-           dict(k_matrix=[[0, 4, 1], [0, 0, 2], [0, 0, 0]]),
-           dict(k_matrix=[[0, 3, 0], [0, 0, 2], [0, 0, 0]]),
-           dict(k_matrix=[[0, 4, 0], [0, 0, 2], [0, 0, 0]], max_draft_tokens=8)]
-    if temperature == 0.0:
-        one += [dict(k_matrix=[[0, 4, 0], [0, 0, 1], [0, 0, 0]], max_draft_tokens=6, lenience=2.0),
-                dict(k_matrix=[[0, 3, 0], [0, 0, 2], [0, 0, 0]], lenience=2.0)]
+    one = [_cascade(*default_cascade(1, greedy)),
+           _cascade(default_k_matrix(1, not greedy), default_cascade(1, not greedy)[1]),
+           _cascade([[0, 4, 1], [0, 0, 2], [0, 0, 0]]),
+           _cascade([[0, 4, 0], [0, 0, 2], [0, 0, 0]], 8)]
+    if greedy:
+        one += [_cascade(*default_cascade(1, greedy), lenience=2.0),
+                _cascade([[0, 4, 0], [0, 0, 1], [0, 0, 0]], 6, lenience=2.0)]
     configs += [("csd", dict(drafts=1, **o)) for o in one]
     if two_drafters:
-        two = [dict(k_matrix=[[0, 3, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1], [0, 0, 0, 0]], max_draft_tokens=6),
-               dict(k_matrix=[[0, 2, 0, 0], [0, 0, 2, 0], [0, 0, 0, 2], [0, 0, 0, 0]], max_draft_tokens=8)]
+        two = [_cascade(*default_cascade(2, greedy)),
+               _cascade([[0, 2, 0, 0], [0, 0, 2, 0], [0, 0, 0, 2], [0, 0, 0, 0]], 8)]
         configs += [("csd", dict(drafts=2, **o)) for o in two]
     return configs
 
@@ -169,7 +177,7 @@ def plot(results: dict, path: str) -> None:
         ax.set_xticks(x, [r["label"] for r in runs], rotation=60, ha="right", fontsize=7)
         ax.set_title(f"T={temperature:g}")
     axes[0].set_ylabel("speedup over autoregressive")
-    axes[0].legend(fontsize=8)
+    axes[1].legend(fontsize=8, loc="upper right")
     fig.suptitle("Cascade Speculative Drafting on the embedded models "
                  f"(CPU, batch 1, {results['new_tokens']} new tokens)")
     fig.tight_layout()

@@ -101,7 +101,7 @@ def _cascade_options(target: Model, draft, batch: PromptBatch, max_new_tokens: i
         drafts = [draft]
     if isinstance(drafts, Model) or not isinstance(drafts, (list, tuple)):
         raise InputError(f"drafts must be a list of ssd_jax Models, largest first; got {type(drafts).__name__}")
-    schedule = build_schedule(options.get("k_matrix"), len(drafts), options.get("max_draft_tokens"))
+    schedule = build_schedule(options.get("k_matrix"), len(drafts), options.get("max_draft_tokens"), sampling.greedy)
     for model in drafts:
         _check_draft(target, model, batch, max_new_tokens, schedule.width + schedule.max_pending + 1)
     needed = batch.max_length + max_new_tokens + schedule.width + 1
@@ -141,7 +141,7 @@ def generate(
     num_draft_tokens (the root's retrieved branch), logitspec_topk (16), tree_capacity (64
     nodes), max_ngram (3); csd (Cascade Speculative Drafting, see `ssd_jax.draft.cascade`):
     drafts=[model, ...] (largest first; draft=model means [model]), k_matrix ((n+2) x (n+2)
-    nested ints, rows/columns: target, drafts, Max-Gram; default
+    nested ints, rows/columns: target, drafts, Max-Gram; default per temperature:
     `ssd_jax.draft.cascade_schedule.default_cascade`), max_draft_tokens (the target verifies at
     most this many of the cascade's draft tokens per step; default: the default cascade's cap
     without a k_matrix, else all), lenience (1; > 1 only at temperature 0),

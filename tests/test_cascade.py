@@ -54,10 +54,13 @@ def test_schedule_widths_and_pending_follow_the_k_matrix():
     # A drafter reviewing an empty block drafts one token per round: plain draft-model SD.
     sd = build_schedule([[0, 3, 0], [0, 0, 0]], 1)
     assert sd.width == 3 and [r.pending for r in sd.rounds] == [2, 1, 1]
-    # The default: 4 rounds of D1 over 1 Max-Gram token each, the target checking at most 6.
-    default = build_schedule(None, 1)
-    assert default.k_matrix == default_k_matrix(1) and (default.width, default.target_width) == (8, 6)
-    assert build_schedule(None, 1, max_draft_tokens=3).target_width == 3
+    # Defaults: greedy, 3 rounds of D1 over 2 Max-Gram tokens each; sampling, 4 rounds over 1
+    # Max-Gram token each, the target checking at most 6.
+    greedy = build_schedule(None, 1)
+    assert greedy.k_matrix == default_k_matrix(1) and (greedy.width, greedy.target_width) == (9, 9)
+    sampled = build_schedule(None, 1, greedy=False)
+    assert sampled.k_matrix == default_k_matrix(1, greedy=False) and (sampled.width, sampled.target_width) == (8, 6)
+    assert build_schedule(None, 1, max_draft_tokens=3, greedy=False).target_width == 3
 
 
 @pytest.mark.parametrize("k_matrix, match", [

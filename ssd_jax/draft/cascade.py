@@ -3,8 +3,8 @@ LLM Inference"), cached and static-shaped: builds the draft the target verifies 
 
 Levels: the target (0), neural drafters D_1 (largest) .. D_n, and Max-Gram G at the bottom
 (`ssd_jax.draft.maxgram`: longest-suffix match in the text, then a bigram table; run here as the
-equivalent `ssd_jax.draft.cascade_maxgram.maxgram_tokens`, cheaper inside the decode loop). The k-matrix
-(`ssd_jax.draft.cascade_schedule`) says how each reviewer's block is built, left to right, from
+equivalent `ssd_jax.draft.cascade_maxgram.maxgram_tokens`, cheaper inside the decode loop). The
+k-matrix (`ssd_jax.draft.cascade_schedule`) says how each reviewer's block is built, left to right, from
 the levels below it: k[r][c] review rounds of each neural level c > r, then k[r][G] Max-Gram
 tokens over the current prefix (committed text + everything drafted so far this step).
 
@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ssd_jax.draft.cascade_maxgram import maxgram_tokens
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule, MaxGramDraw, Round
-from ssd_jax.draft.cascade_maxgram import maxgram_tokens
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.models.kv_cache import commit, rollback
@@ -118,19 +118,21 @@ class CascadeDrafter:
         keys uint32 [B, 2]: this step's key per row (round i uses fold_in(key, 2 + i));
         active bool [B]: rows whose reviews count in the counters.
         """
-        tallies: list = []  # (level index, reviewed, accepted) per review, added up once at the end
+        tallies: list = []  # (level index, valid, accepted) per review, added up once at the end
         state = self._build(self.schedule.ops, state, keys, tallies)
-        act = active.astype(jnp.int32)
-        per_level = [[t for t in tallies if t[0] == i] for i in range(self.schedule.num_drafters)]
         if not tallies:
             return state
+        act = active.astype(jnp.int32)
+        levels = range(self.schedule.num_drafters)
         zero = jnp.zeros_like(act)
-        counters = state.counters
-        counters = counters.replace(
-            rounds=counters.rounds + jnp.stack([act * len(ts) for ts in per_level]),
-            reviewed=counters.reviewed + jnp.stack([sum((t[1] for t in ts), zero) * act for ts in per_level]),
-            accepted=counters.accepted + jnp.stack([sum((t[2] for t in ts), zero) * act for ts in per_level]))
-        return state.replace(counters=counters)
+
+        def total(field: int):
+            return jnp.stack([sum((t[field] for t in tallies if t[0] == i), zero) * act for i in levels])
+
+        rounds = jnp.asarray([[sum(t[0] == i for t in tallies)] for i in levels], jnp.int32) * act[None, :]
+        c = state.counters
+        return state.replace(counters=c.replace(rounds=c.rounds + rounds, reviewed=c.reviewed + total(1),
+                                                accepted=c.accepted + total(2)))
 
     def _build(self, ops, state: CascadeState, keys, tallies: list) -> CascadeState:
         for op in ops:

@@ -183,15 +183,18 @@ def parse_k_matrix(k_matrix, num_drafters: int) -> tuple[tuple[int, ...], ...]:
     return tuple(parsed)
 
 
-def default_cascade(num_drafters: int) -> tuple[tuple[tuple[int, ...], ...], int | None]:
-    """(k-matrix, max_draft_tokens) used when no k-matrix is given; evidence in
-    benchmarks/results/cascade.json (bench_cascade.py): on the embedded models these are the best
-    of the schedules tried at both temperatures by the cost model, within a few percent of SD at
-    temperature 1 (where Max-Gram tokens are rarely kept) and above it at temperature 0.
+def default_cascade(num_drafters: int, greedy: bool = True) -> tuple[tuple[tuple[int, ...], ...], int | None]:
+    """(k-matrix, max_draft_tokens) used when no k-matrix is given, for greedy decoding or not.
 
-    n = 0: 4 Max-Gram tokens. n = 1: D1 runs 4 rounds, each reviewing 1 Max-Gram token (a round
-    emits 1 or 2 tokens); the target verifies at most 6. n >= 2: D1 runs 3 rounds, each D_i reviews
-    one round of D_{i+1}, the last drafter reviews 1 Max-Gram token; the target verifies at most 6.
+    Evidence: benchmarks/results/cascade.json (bench_cascade.py, embedded models, CPU). Greedy:
+    Max-Gram's copies agree with the drafter's argmax about half the time, so wide rounds pay: the
+    best one-drafter schedule tried is D1 running 3 rounds, each reviewing 2 Max-Gram tokens (up to
+    9 draft tokens). Sampling: the drafter keeps a Max-Gram token with probability q(token), about
+    1 in 8 on sampled text, so rounds mostly emit one token and narrow blocks waste less of the
+    target's forward: 4 rounds over 1 Max-Gram token each, the target checking at most 6.
+
+    n = 0: 4 Max-Gram tokens. n >= 2 (both temperatures): D1 runs 3 rounds, each D_i reviews one
+    round of D_{i+1}, the last drafter reviews 1 Max-Gram token; the target checks at most 6.
     """
     size = num_drafters + 2
     k = np.zeros((size, size), int)
@@ -199,6 +202,8 @@ def default_cascade(num_drafters: int) -> tuple[tuple[tuple[int, ...], ...], int
     cap: int | None = 6
     if num_drafters == 0:
         k[0, g], cap = 4, None
+    elif num_drafters == 1 and greedy:
+        k[0, 1], k[1, g], cap = 3, 2, None
     elif num_drafters == 1:
         k[0, 1], k[1, g] = 4, 1
     else:
@@ -209,9 +214,9 @@ def default_cascade(num_drafters: int) -> tuple[tuple[tuple[int, ...], ...], int
     return tuple(tuple(int(v) for v in row) for row in k), cap
 
 
-def default_k_matrix(num_drafters: int) -> tuple[tuple[int, ...], ...]:
+def default_k_matrix(num_drafters: int, greedy: bool = True) -> tuple[tuple[int, ...], ...]:
     """The k-matrix of `default_cascade`."""
-    return default_cascade(num_drafters)[0]
+    return default_cascade(num_drafters, greedy)[0]
 
 
 def _block_ops(k: tuple[tuple[int, ...], ...], level: int, counter: list[int]) -> tuple:
@@ -272,17 +277,18 @@ def _with_pending(ops: tuple, pending: dict[int, int]) -> tuple:
                  if isinstance(op, Round) else op for op in ops)
 
 
-def build_schedule(k_matrix, num_drafters: int, max_draft_tokens: int | None = None) -> CascadeSchedule:
-    """Validates k_matrix (see `parse_k_matrix`; None = `default_cascade`, with its cap unless
-    max_draft_tokens is given) and unfolds it; max_draft_tokens (an int >= 1 or None) caps the
-    draft the target verifies.
+def build_schedule(k_matrix, num_drafters: int, max_draft_tokens: int | None = None,
+                   greedy: bool = True) -> CascadeSchedule:
+    """Validates k_matrix (see `parse_k_matrix`; None = `default_cascade(num_drafters, greedy)`,
+    with its cap unless max_draft_tokens is given) and unfolds it; max_draft_tokens (an int >= 1
+    or None) caps the draft the target verifies.
     Raises InputError if the step would exceed MAX_BLOCK_WIDTH draft tokens or
     MAX_ROUNDS_PER_STEP review rounds."""
     if max_draft_tokens is not None and (isinstance(max_draft_tokens, bool) or not isinstance(
             max_draft_tokens, (int, np.integer)) or max_draft_tokens < 1):
         raise InputError(f"max_draft_tokens must be an integer >= 1 or None, got {max_draft_tokens!r}")
     if k_matrix is None:
-        k, default_cap = default_cascade(num_drafters)
+        k, default_cap = default_cascade(num_drafters, greedy)
         max_draft_tokens = default_cap if max_draft_tokens is None else max_draft_tokens
     else:
         k = parse_k_matrix(k_matrix, num_drafters)
