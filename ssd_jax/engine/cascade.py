@@ -33,7 +33,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
-from ssd_jax.engine.autoregressive import prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -164,7 +164,7 @@ def generate_cascade(
     plan = CascadePlan(schedule=schedule, lenience=float(lenience), max_ngram=max_ngram,
                        out_size=bucket(max_new_tokens), prompt_size=batch.tokens.shape[1])
     eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
-    args = (target.params, tuple(d.params for d in drafts), jnp.asarray(bigram, jnp.int32),
+    args = (loop_params(target), tuple(loop_params(d) for d in drafts), jnp.asarray(bigram, jnp.int32),
             jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), row_keys(key, batch.batch_size),
             jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos))
     dcfgs = tuple(d.config for d in drafts)

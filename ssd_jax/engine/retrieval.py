@@ -25,7 +25,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.autoregressive import prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -152,7 +152,7 @@ def generate_retrieval(
                          ngram_max=ngram_max, logitspec_topk=logitspec_topk, tree_capacity=tree_capacity,
                          out_size=bucket(max_new_tokens), prompt_size=batch.tokens.shape[1])
     eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
-    args = (target.params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), row_keys(key, batch.batch_size),
+    args = (loop_params(target), jnp.asarray(batch.tokens), jnp.asarray(batch.lengths), row_keys(key, batch.batch_size),
             jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos))
     fn = functools.partial(_decode, tcfg=target.config, sampling=sampling, plan=plan, stream=stream is not None)
     static_key = ("retrieval", target.config, sampling, plan, stream is not None)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_paths
-from ssd_jax.engine.autoregressive import prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -180,7 +180,7 @@ def generate_speculative(
     plan = SpecPlan(method=method, num_draft_tokens=num_draft_tokens, num_paths=num_paths, out_size=out_size,
                     capacity=batch.tokens.shape[1] + out_size + 2 * num_paths * num_draft_tokens + 4)
     eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
-    args = (target.params, draft.params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+    args = (loop_params(target), loop_params(draft), jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
             row_keys(key, batch.batch_size), jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos))
     streaming = stream is not None
     fn = functools.partial(_decode, tcfg=target.config, dcfg=draft.config, sampling=sampling, plan=plan,
