@@ -78,15 +78,16 @@ def configurations(two_drafters: bool, temperature: float) -> list[tuple[str, di
            _cascade(default_k_matrix(1, not greedy), default_cascade(1, not greedy)[1]),
            _cascade([[0, 4, 1], [0, 0, 2], [0, 0, 0]]),
            _cascade([[0, 4, 0], [0, 0, 2], [0, 0, 0]], 8)]
-    if greedy:
-        one += [_cascade(*default_cascade(1, greedy), lenience=2.0),
-                _cascade([[0, 4, 0], [0, 0, 1], [0, 0, 0]], 6, lenience=2.0)]
+    if greedy:  # the default lenience there is 2: also measure 1
+        one += [_cascade(*default_cascade(1, greedy), lenience=1.0),
+                _cascade([[0, 4, 0], [0, 0, 1], [0, 0, 0]], 6, lenience=1.0)]
     configs += [("csd", dict(drafts=1, **o)) for o in one]
     if two_drafters:
         two = [_cascade(*default_cascade(2, greedy)),
                _cascade([[0, 2, 0, 0], [0, 0, 2, 0], [0, 0, 0, 2], [0, 0, 0, 0]], 8)]
         configs += [("csd", dict(drafts=2, **o)) for o in two]
-    return configs
+    # Name the lenience in every greedy label (the library's default there is 2).
+    return [(m, dict(o, lenience=o.get("lenience", 2.0)) if m == "csd" and greedy else o) for m, o in configs]
 
 
 def cascade_label(options: dict) -> str:

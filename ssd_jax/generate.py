@@ -6,7 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ssd_jax.draft.cascade_options import DEFAULT_MAX_NGRAM, check_lenience, check_max_ngram, resolve_bigram
+from ssd_jax.draft.cascade_options import (DEFAULT_MAX_NGRAM, check_lenience, check_max_ngram, default_lenience,
+                                           resolve_bigram)
 from ssd_jax.draft.cascade_schedule import build_schedule
 from ssd_jax.engine.autoregressive import generate_ar
 from ssd_jax.engine.cascade import generate_cascade
@@ -109,7 +110,8 @@ def _cascade_options(target: Model, draft, batch: PromptBatch, max_new_tokens: i
         raise InputError(f"method 'csd' needs up to {needed} positions, beyond the target's "
                          f"max_position_embeddings={target.config.max_position_embeddings}")
     bigram = resolve_bigram(target, options.get("bigram")) if schedule.uses_maxgram else np.zeros((1,), np.int32)
-    lenience = check_lenience(options.get("lenience", 1.0), sampling)
+    lenience = options.get("lenience")
+    lenience = check_lenience(default_lenience(sampling) if lenience is None else lenience, sampling)
     max_ngram = check_max_ngram(options.get("max_ngram", DEFAULT_MAX_NGRAM))
     return dict(drafts=tuple(drafts), schedule=schedule, lenience=lenience, bigram=bigram, max_ngram=max_ngram)
 
@@ -144,7 +146,7 @@ def generate(
     nested ints, rows/columns: target, drafts, Max-Gram; default per temperature:
     `ssd_jax.draft.cascade_schedule.default_cascade`), max_draft_tokens (the target verifies at
     most this many of the cascade's draft tokens per step; default: the default cascade's cap
-    without a k_matrix, else all), lenience (1; > 1 only at temperature 0),
+    without a k_matrix, else all), lenience (> 1 only at temperature 0; default 2 there, else 1),
     bigram (Max-Gram's table: int32 [V] or a path; default: the shipped table when the target has
     the embedded tokenizer), max_ngram (4).
     temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter

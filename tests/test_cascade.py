@@ -96,8 +96,8 @@ def test_cascade_maxgram_equals_maxgram_draft(num_tokens, max_ngram):
 # ---------------------------------------------------------------------------------- greedy == AR
 
 @pytest.mark.parametrize("levels, options, alone", [
-    (1, dict(), True),
-    (1, dict(lenience=2.0), False),
+    (1, dict(), True),  # default lenience at temperature 0: 2
+    (1, dict(lenience=1.0), False),
     (2, dict(k_matrix=TWO_LEVEL_K, lenience=2.0, max_draft_tokens=6), True),
     (0, dict(k_matrix=[[0, 3], [0, 0]]), False),  # Max-Gram alone
 ])
@@ -116,6 +116,14 @@ def test_greedy_equals_autoregressive_batched_and_alone(models, levels, options,
         single = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, method="csd", drafts=drafts, bigram=bigram,
                                   **options)
         assert single.tokens[0] == out.tokens[1]
+
+
+@pytest.mark.parametrize("temperature, lenience", [(0.0, 2.0), (1.0, 1.0)])
+def test_default_lenience_depends_on_temperature(models, temperature, lenience):
+    target, d1, _, bigram = models
+    out = ssd_jax.generate(target, _prompts()[:1], max_new_tokens=8, method="csd", drafts=[d1], bigram=bigram,
+                           temperature=temperature)
+    assert out.stats["lenience"] == lenience
 
 
 def test_drafters_equal_to_the_target_get_every_draft_token_accepted(models):

@@ -56,7 +56,7 @@ def register(subparsers) -> None:
                          help="the most cascade draft tokens the target verifies per step (default: all)")
     cascade.add_argument("--lenience", type=float, default=None,
                          help="drafters keep a token whose probability is within this factor of their top one "
-                              "(>= 1; temperature 0 only; default 1)")
+                              "(>= 1; above 1 at temperature 0 only; default 2 there, else 1)")
     ssd = parser.add_argument_group("speculative speculative decoding (--method ssd)")
     ssd.add_argument("--fanout-budget", type=int, default=None, help="ssd: speculations prepared per step (10)")
     ssd.add_argument("--fanout", default=None, choices=["geometric", "uniform"],
