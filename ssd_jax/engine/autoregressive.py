@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import collections
 import functools
 import time
 
@@ -14,6 +13,7 @@ import numpy as np
 from ssd_jax.engine.compiled import compiled
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput, rows_from_buffers
+from ssd_jax.engine.params_cache import ParamsCache
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
 from ssd_jax.engine.streaming import StreamSink, emit, streaming_to
 from ssd_jax.model import Model
@@ -51,33 +51,23 @@ def unroll_layers() -> bool:
     return jax.default_backend() == "cpu"
 
 
-_LOOP_PARAMS: "collections.OrderedDict[int, tuple]" = collections.OrderedDict()
 _LOOP_PARAMS_KEPT = 4
+_LOOP_PARAMS = ParamsCache(_LOOP_PARAMS_KEPT)
 
 
 def loop_params(model: Model) -> dict:
     """The params a decode loop takes: with `unroll_layers`, `decode_params` of model.params,
     made once per params object and kept for the next call (the last few models); otherwise
-    model.params. Inside the loop `decode_params` then has nothing left to do, so a call no longer
-    re-slices and re-fuses every weight (about 3 ms per call for the embedded 11M target on CPU)."""
+    model.params. A call then no longer re-slices and re-fuses every weight (about 3 ms per call
+    for the embedded 11M target on CPU)."""
     if not unroll_layers():
         return model.params
-    key = id(model.params)
-    entry = _LOOP_PARAMS.get(key)
-    if entry is None or entry[0] is not model.params:
-        decoded = jax.jit(decode_params, static_argnums=1)(model.params, model.config)
-        entry = (model.params, decoded)  # holding model.params keeps its id unique
-        _LOOP_PARAMS[key] = entry
-        while len(_LOOP_PARAMS) > _LOOP_PARAMS_KEPT:
-            _LOOP_PARAMS.popitem(last=False)
-    _LOOP_PARAMS.move_to_end(key)
-    return entry[1]
+    make = lambda: jax.jit(decode_params, static_argnums=1)(model.params, model.config)  # noqa: E731
+    return _LOOP_PARAMS.get(model.params, None, make)[0]
 
 
 def _decode(params, tokens, lengths, keys, max_new, eos_ids, *, config, sampling, out_size, capacity, stream):
     b = tokens.shape[0]
-    if unroll_layers():
-        params = decode_params(params, config)
     logits, cache = prefill(params, config, tokens, lengths, capacity)
 
     def sample_step(state, logits):

@@ -33,7 +33,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
-from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -43,7 +43,7 @@ from ssd_jax.metrics import SpecCounters
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, rollback
-from ssd_jax.models.transformer import decode_params, forward_cached
+from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities
 
 
@@ -72,9 +72,6 @@ def _decode(tparams, dparams, bigram, tokens, lengths, keys, max_new, eos_ids, *
     checked = schedule.target_width  # the target verifies the first `checked` tokens of the block
     capacity = plan.capacity
     rows = jnp.arange(b)
-    if unroll_layers():  # per-layer weights and caches on CPU, as the other engines
-        tparams = decode_params(tparams, tcfg)
-        dparams = tuple(decode_params(p, c) for p, c in zip(dparams, dcfgs))
 
     logits, tcache = prefill(tparams, tcfg, tokens, lengths, capacity)
     caches = tuple(prefill(p, c, tokens, lengths, capacity)[1] for p, c in zip(dparams, dcfgs))

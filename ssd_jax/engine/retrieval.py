@@ -25,7 +25,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -35,7 +35,7 @@ from ssd_jax.metrics import SpecCounters
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import compact_path
-from ssd_jax.models.transformer import decode_params, forward_cached
+from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities
 from ssd_jax.verify.point_tree import point_mass_tree
 
@@ -90,8 +90,6 @@ def _decode(tparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: ModelConf
     tree_mask = jnp.asarray(layout.mask())
     n_nodes, max_depth = layout.num_nodes, layout.max_depth
     rows = jnp.arange(b)
-    if unroll_layers():
-        tparams = decode_params(tparams, tcfg)
 
     logits, tcache = prefill(tparams, tcfg, tokens, lengths, plan.cache_capacity)
     first = sample_rows(sampling, jax.vmap(jax.random.fold_in)(keys, jnp.zeros((b,), jnp.int32)), logits)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_paths
-from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows, unroll_layers
+from ssd_jax.engine.autoregressive import loop_params, prefill, sample_rows
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
@@ -32,7 +32,7 @@ from ssd_jax.metrics import SpecCounters
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
-from ssd_jax.models.transformer import decode_params, forward_cached
+from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities
 from ssd_jax.tree import build_tree, gather_path_rows, path_nodes
 
@@ -88,8 +88,6 @@ def _decode(tparams, dparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: 
     vocab = tcfg.vocab_size
     verifier = plan.verifier(sampling)
     rows = jnp.arange(b)
-    if unroll_layers():  # see autoregressive.unroll_layers: per-layer weights and caches on CPU
-        tparams, dparams = decode_params(tparams, tcfg), decode_params(dparams, dcfg)
 
     logits, tcache = prefill(tparams, tcfg, tokens, lengths, plan.capacity)
     _, dcache = prefill(dparams, dcfg, jnp.repeat(tokens, K, axis=0), jnp.repeat(lengths, K), plan.capacity)

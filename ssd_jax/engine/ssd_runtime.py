@@ -4,38 +4,28 @@ each program's outputs fit the next call's inputs."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 
 import jax
 import numpy as np
 
-from ssd_jax.engine.autoregressive import unroll_layers
+from ssd_jax.engine.autoregressive import loop_params
+from ssd_jax.engine.params_cache import ParamsCache
 from ssd_jax.engine.ssd_placement import DeviceGroup
 from ssd_jax.model import Model
-from ssd_jax.models.transformer import decode_params
 
-_PLACED: dict = {}
-_PLACED_MAX = 4
+_PLACED = ParamsCache(4)
 
 
 def placed_params(model: Model, group: DeviceGroup):
-    """The model's params on the group (replicated), in the decode layout on CPU; cached per
-    (params object, devices) so repeated calls skip the copy. Returns (params, seconds spent)."""
-    key = (id(model.params), group.ids())
-    entry = _PLACED.get(key)
-    if entry is not None and entry[0] is model.params:
-        return entry[1], 0.0
+    """The model's params on the group (replicated), in the decode layout on CPU (`loop_params`);
+    cached per (params object, devices) so repeated calls skip the copy. Returns (params, seconds
+    spent)."""
     start = time.perf_counter()
-    params = group.put(model.params, replicate=True)
-    if unroll_layers():
-        params = jax.jit(functools.partial(decode_params, config=model.config))(params)
-    params = jax.block_until_ready(params)
-    if len(_PLACED) >= _PLACED_MAX:
-        _PLACED.pop(next(iter(_PLACED)))
-    _PLACED[key] = (model.params, params)  # holding model.params keeps its id unique
-    return params, time.perf_counter() - start
+    params, made = _PLACED.get(model.params, group.ids(),
+                               lambda: jax.block_until_ready(group.put(loop_params(model), replicate=True)))
+    return params, (time.perf_counter() - start) if made else 0.0
 
 
 _EXECUTABLES: dict = {}
