@@ -40,6 +40,8 @@ import jax.numpy as jnp  # noqa: E402
 
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info  # noqa: E402
+from ssd_jax.backend import policy_for  # noqa: E402
+from ssd_jax.engine.autoregressive import loop_params  # noqa: E402
 from ssd_jax.models.config import ModelConfig, RopeConfig  # noqa: E402
 from ssd_jax.models.kv_cache import init_cache  # noqa: E402
 from ssd_jax.models.params import init_params  # noqa: E402
@@ -110,7 +112,7 @@ def bytes_per_step(config: ModelConfig, batch: int, context: float, param_bytes:
 def part_roofline(args, bandwidths: dict) -> list[dict]:
     rows = []
     dtype = jnp.dtype(args.dtype)
-    for shape in ("1B", "8B"):
+    for shape in args.shapes.split(","):
         config = llama_shape(shape, args.quick)
         model = random_model(config, dtype)
         for batch in (1, 8):
@@ -146,18 +148,19 @@ def part_width(args) -> list[dict]:
     dtype = jnp.dtype(args.dtype)
     target, _ = ssd_jax.default_models()
     models = {"embedded-target-f32": target}
-    for shape in ("1B", "8B"):
+    for shape in args.shapes.split(","):
         models[f"llama-{shape}-{dtype}"] = None
     context = 512
     for name, model in models.items():
         if model is None:
             model = random_model(llama_shape(name.split("-")[1], args.quick), dtype)
-        config, params = model.config, model.params
+        config, params = model.config, loop_params(model)  # the layout the decode loops run on
         cache_dtype = params["embed"].dtype
+        per_layer = isinstance(params["layers"], tuple)
         fn = jax.jit(lambda p, tok, pos, cache: forward_cached(p, config, tok, pos, cache)[0])
         base = None
         for width in (1, 2, 4, 8, 16, 32, 64):
-            cache = init_cache(config, 1, context + 64, cache_dtype)
+            cache = init_cache(config, 1, context + 64, cache_dtype, per_layer=per_layer)
             cache = cache.replace(lengths=jnp.full((1,), context, jnp.int32))
             tokens = jnp.asarray(np.random.default_rng(width).integers(2, config.vocab_size, (1, width)), jnp.int32)
             positions = context + jnp.arange(width, dtype=jnp.int32)[None]
@@ -212,6 +215,7 @@ def part_attention(args) -> list[dict]:
     config = llama_shape("8B", args.quick)
     dtype = jnp.dtype(args.dtype)
     rows = []
+    rows += _prefill_attention(args, config, dtype)
     context, capacity = 512, 576
     for batch in (1, 8):
         for width in (1, 16, 64):
@@ -221,38 +225,131 @@ def part_attention(args) -> list[dict]:
             v = jax.random.normal(rng[2], (batch, config.num_kv_heads, capacity, config.head_dim), dtype)
             slots = jnp.arange(capacity)[None, None, :]
             mask = jnp.broadcast_to(slots < context + 1 + jnp.arange(width)[None, :, None], (batch, width, capacity))
-            lengths = jnp.full((batch,), context + width, jnp.int32)
             variants = {"reference": jax.jit(lambda q, k, v, m: _attend(config, q, k, v, m))}
             for impl in ("xla", "cudnn"):
                 def dpa(q, k, v, m, impl=impl):
                     kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
                     return jax.nn.dot_product_attention(q, kt, vt, mask=m[:, None], implementation=impl)
                 variants[f"dpa_{impl}_mask"] = jax.jit(dpa)
+            rows += _time_variants(args, variants, (q, k, v, mask), dict(batch=batch, width=width, context=context))
+    return rows
 
-                def dpa_len(q, k, v, m, impl=impl):
-                    kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-                    return jax.nn.dot_product_attention(q, kt, vt, key_value_seq_lengths=lengths,
-                                                        implementation=impl)
-                variants[f"dpa_{impl}_kvlen"] = jax.jit(dpa_len)
-            ref = None
-            for name, fn in variants.items():
-                try:
-                    out = jax.block_until_ready(fn(q, k, v, mask))
-                    best = float("inf")
-                    for _ in range(args.repeats):
-                        start = time.perf_counter()
-                        for _ in range(args.width_iters):
-                            out = fn(q, k, v, mask)
-                        jax.block_until_ready(out)
-                        best = min(best, (time.perf_counter() - start) / args.width_iters)
-                    out = np.asarray(out, np.float32).reshape(batch, width, -1)
-                    ref = out if ref is None else ref
-                    err = float(np.abs(out - ref).max())
-                    rows.append(dict(batch=batch, width=width, variant=name, ms=1000 * best, max_abs_diff=err))
-                    print(f"[d] B={batch} T={width} {name}: {1000 * best:.4f} ms, diff {err:.3g}", flush=True)
-                except Exception as e:  # noqa: BLE001 - exploration: record what does not run
-                    rows.append(dict(batch=batch, width=width, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
-                    print(f"[d] B={batch} T={width} {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+
+def _time_variants(args, variants: dict, inputs: tuple, labels: dict) -> list[dict]:
+    """Times each jitted variant on the same inputs (best of --repeats, --width-iters calls
+    each); the first variant is the reference of max_abs_diff. A variant that fails to compile
+    is recorded with its error."""
+    rows = []
+    ref = None
+    for name, fn in variants.items():
+        try:
+            out = jax.block_until_ready(fn(*inputs))
+            best = float("inf")
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                for _ in range(args.width_iters):
+                    out = fn(*inputs)
+                jax.block_until_ready(out)
+                best = min(best, (time.perf_counter() - start) / args.width_iters)
+            out = np.asarray(out, np.float32).reshape(-1)
+            ref = out if ref is None else ref
+            err = float(np.abs(out - ref).max())
+            rows.append(dict(labels, variant=name, ms=1000 * best, max_abs_diff=err))
+            print(f"[d] {labels} {name}: {1000 * best:.4f} ms, diff {err:.3g}", flush=True)
+        except Exception as e:  # noqa: BLE001 - exploration: record what does not run
+            rows.append(dict(labels, variant=name, error=f"{type(e).__name__}: {e}"[:300]))
+            print(f"[d] {labels} {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    return rows
+
+
+def _prefill_attention(args, config: ModelConfig, dtype) -> list[dict]:
+    """A causal prompt of T tokens attending to itself: the reference attention (a [T, T] mask)
+    against `ssd_jax.models.attention.causal_attention` per implementation."""
+    from ssd_jax.models.attention import causal_attention
+    from ssd_jax.models.transformer import _attend
+
+    rows = []
+    for batch, t in ((1, 128), (1, 512), (1, 2048), (8, 512)):
+        if args.quick and t > 128:
+            continue
+        rng = jax.random.split(jax.random.PRNGKey(t), 3)
+        q = jax.random.normal(rng[0], (batch, t, config.num_heads, config.head_dim), dtype)
+        k = jax.random.normal(rng[1], (batch, t, config.num_kv_heads, config.head_dim), dtype)
+        v = jax.random.normal(rng[2], (batch, t, config.num_kv_heads, config.head_dim), dtype)
+        mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (batch, t, t))
+        variants = {"reference": jax.jit(lambda q, k, v, m: _attend(config, q, k.transpose(0, 2, 1, 3),
+                                                                    v.transpose(0, 2, 1, 3), m))}
+        for impl in ("xla", "cudnn"):
+            variants[f"causal_{impl}"] = jax.jit(lambda q, k, v, m, impl=impl: causal_attention(q, k, v,
+                                                                                                  implementation=impl))
+        rows += _time_variants(args, variants, (q, k, v, mask), dict(batch=batch, prefill=t))
+    return rows
+
+
+def part_policy(args) -> list[dict]:
+    """The decode attention choice measured end to end: the policy's own platform entry with
+    decode_attention "reference" and "xla", on the embedded pair (AR, SD, LogitSpec-N16, CSD at
+    T=0, interleaved) and on the 1B shape (AR at batch 1 and 2)."""
+    from benchmarks.heldout_prompts import heldout_prompts
+    from benchmarks.spec_harness import label, run_configs
+    from ssd_jax import backend
+    from ssd_jax.engine import compiled
+
+    platform = backend.default_platform()
+    original = backend.POLICIES[platform]
+    target, draft = ssd_jax.default_models()
+    prompts = heldout_prompts(target.tokenizer, count=max(2, args.prompts // 2))
+    big = random_model(llama_shape("1B", args.quick), jnp.dtype(args.dtype))
+    configs = [("ar", {}), ("sd", {}), ("logitspec", {"tree_capacity": 16}), ("csd", {})]
+    rows = []
+    try:
+        for attention in ("reference", "xla"):
+            backend.POLICIES[platform] = dataclasses.replace(original, decode_attention=attention)
+            compiled.clear()
+            results = run_configs(target, prompts, configs, 0.0, args.method_tokens, draft=draft, repeats=args.repeats)
+            for (method, options), result in zip(configs, results):
+                rows.append(dict(model="embedded", decode_attention=attention, label=label(method, options),
+                                 tokens_per_second=result["tokens_per_second"]))
+                print(f"[f] {attention} embedded {rows[-1]['label']}: {result['tokens_per_second']:.0f} tok/s", flush=True)
+            for batch in (1, 2):
+                prompt = np.random.default_rng(0).integers(2, big.config.vocab_size, args.prompt_tokens).tolist()
+                out = ssd_jax.generate(big, [prompt] * batch, max_new_tokens=args.new_tokens)
+                wall = min(ssd_jax.generate(big, [prompt] * batch, max_new_tokens=args.new_tokens).stats["wall_time_s"]
+                           for _ in range(args.repeats))
+                rate = out.stats["num_generated_tokens"] / wall
+                rows.append(dict(model="llama-1B", batch=batch, decode_attention=attention, tokens_per_second=rate,
+                                 step_ms=1000 * batch / rate))
+                print(f"[f] {attention} 1B B={batch}: {rate:.0f} tok/s, {1000 * batch / rate:.3f} ms/step", flush=True)
+    finally:
+        backend.POLICIES[platform] = original
+        compiled.clear()
+    return rows
+
+
+def part_matvec(args) -> list[dict]:
+    """The 1B shape's weight matrices at 1 and 2 rows: time and bytes/s of x [M, K] @ W [K, N]
+    (bf16, f32 accumulation as the model's dense layers do), and of the same product with the
+    weight stored transposed, W^T [N, K]."""
+    config = llama_shape("1B", args.quick)
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    qkv = (config.num_heads + 2 * config.num_kv_heads) * config.head_dim
+    shapes = {"qkv": (d, qkv), "o": (config.num_heads * config.head_dim, d), "gate_up": (d, 2 * f),
+              "down": (f, d), "lm_head": (d, v)}
+    dtype = jnp.dtype(args.dtype)
+    rows = []
+    for name, (k, n) in shapes.items():
+        w = jax.random.normal(jax.random.PRNGKey(k + n), (k, n), dtype)
+        wt = w.T.copy()
+        for m in (1, 2):
+            x = jax.random.normal(jax.random.PRNGKey(m), (m, k), dtype)
+            variants = {"x@W": jax.jit(lambda x, w, wt: jnp.einsum("mk,kn->mn", x, w)),
+                        "x@W f32 acc": jax.jit(lambda x, w, wt: jnp.einsum("mk,kn->mn", x, w,
+                                                                           preferred_element_type=jnp.float32)),
+                        "W^T x": jax.jit(lambda x, w, wt: jnp.einsum("mk,nk->mn", x, wt))}
+            for row in _time_variants(args, variants, (x, w, wt), dict(matrix=name, k=k, n=n, rows=m)):
+                if "ms" in row:
+                    row["bytes_per_s"] = k * n * dtype.itemsize / (row["ms"] / 1000)
+                rows.append(row)
     return rows
 
 
@@ -270,7 +367,7 @@ def part_layout(args) -> list[dict]:
     try:
         for name, model in models.items():
             for unroll in (False, True):
-                autoregressive.unroll_layers = lambda unroll=unroll: unroll
+                autoregressive.unroll_layers = lambda model=None, unroll=unroll: unroll
                 autoregressive._LOOP_PARAMS._entries.clear() if hasattr(autoregressive._LOOP_PARAMS, "_entries") else None
                 prompts = [np.random.default_rng(0).integers(2, model.config.vocab_size, args.prompt_tokens).tolist()]
                 out = ssd_jax.generate(model, prompts, max_new_tokens=args.new_tokens, method="ar")
@@ -359,6 +456,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--width-iters", type=int, default=20)
+    parser.add_argument("--shapes", default="1B,8B", help="Llama shapes for parts a and b")
+    parser.add_argument("--tag", default="", help="suffix of the output files' names")
+    parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--out", default=RESULTS_DIR)
     args = parser.parse_args(argv)
     if args.quick:
@@ -366,8 +466,8 @@ def main(argv=None) -> dict:
         args.prompts, args.repeats, args.width_iters = 2, 1, 2
     parts = set(args.parts.split(","))
     device = device_kind()
-    results = dict(device=device, backend=jax.default_backend(), machine=machine_info(), quick=args.quick,
-                   args=vars(args))
+    results = dict(device=device, backend_policy=dataclasses.asdict(policy_for(None)), machine=machine_info(),
+                   quick=args.quick, args=vars(args))
     if "a" in parts:
         bandwidths = dict(datasheet=peak_bandwidth(), measured_copy=measured_copy_bandwidth(0.25 if args.quick else 2))
         results["bandwidth_bytes_per_s"] = bandwidths
@@ -381,13 +481,17 @@ def main(argv=None) -> dict:
         results["attention"] = part_attention(args)
     if "e" in parts:
         results["layout"] = part_layout(args)
+    if "f" in parts:
+        results["policy"] = part_policy(args)
+    if "g" in parts:
+        results["matvec"] = part_matvec(args)
     os.makedirs(args.out, exist_ok=True)
     slug = re.sub(r"[^A-Za-z0-9]+", "_", device).strip("_").lower()
-    prefix = os.path.join(args.out, f"accelerator_{slug}")
+    prefix = os.path.join(args.out, f"accelerator_{slug}{args.tag}")
     with open(prefix + ".json.tmp", "w") as f:
         json.dump(results, f, indent=1, default=str)
     os.replace(prefix + ".json.tmp", prefix + ".json")
-    results["plots"] = plot(results, prefix)
+    results["plots"] = [] if args.no_plot else plot(results, prefix)
     print("wrote", prefix + ".json", *results["plots"])
     return results
 

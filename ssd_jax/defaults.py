@@ -27,16 +27,17 @@ def default_model_dirs() -> tuple[str, str]:
     return TARGET_DIR, DRAFT_DIR
 
 
-def default_models(dtype: str = "float32") -> tuple[Model, Model]:
+def default_models(dtype: str | None = None) -> tuple[Model, Model]:
     """Loads the shipped (target, draft) pair: Llama models trained on the Python standard library
-    with a shared 4096-token byte-level BPE tokenizer; the draft is distilled from the target."""
+    with a shared 4096-token byte-level BPE tokenizer; the draft is distilled from the target.
+    dtype: as in `ssd_jax.load` (None: the backend policy's, float32 on CPU)."""
     from ssd_jax.loading import load
 
     target_dir, draft_dir = default_model_dirs()
     return load(target_dir, dtype=dtype), load(draft_dir, dtype=dtype)
 
 
-def default_small_draft(dtype: str = "float32") -> Model:
+def default_small_draft(dtype: str | None = None) -> Model:
     """Loads the shipped draft_small: a one-layer Llama distilled from the embedded target like the
     draft (same tokenizer), a few times cheaper per forward than the draft at batch 1; meant to
     draft for the draft in a two-drafter cascade."""

@@ -8,6 +8,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import policy_for
 from ssd_jax.errors import CheckpointError, ConfigError
 from ssd_jax.model import Model, dtype_from_name
 from ssd_jax.models.config import ModelConfig
@@ -41,19 +42,20 @@ def read_tokenizer(directory: str):
         raise CheckpointError(f"unreadable tokenizer.json in {directory}: {err}") from None
 
 
-def load(path: str, dtype="float32") -> Model:
+def load(path: str, dtype: str | None = None) -> Model:
     """Loads a model directory.
 
     path: a Hugging Face model directory (config.json, model.safetensors or a sharded index,
     tokenizer.json if present) or a directory written by `python -m checkpoints_convert`.
-    dtype: "float32" | "bfloat16" | "float16" for the params.
+    dtype: "float32" | "bfloat16" | "float16" for the params; None: the backend policy's dtype for
+    the default device (float32 on CPU, bfloat16 on GPU and TPU; see `ssd_jax.backend`).
     Raises ConfigError / CheckpointError naming what is wrong.
     """
     from checkpoints_convert.hf_mapping import hf_to_params
     from checkpoints_convert.orbax_io import is_converted_dir, restore_params
     from checkpoints_convert.safetensors_io import read_hf_tensors
 
-    target_dtype = dtype_from_name(dtype)
+    target_dtype = dtype_from_name(policy_for(None).dtype if dtype is None else dtype)
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"model directory {path!r} does not exist")

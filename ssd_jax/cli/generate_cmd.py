@@ -34,7 +34,8 @@ def register(subparsers) -> None:
     parser.add_argument("--target", "--model", dest="target", default=None,
                         help="target model directory, HF or converted (default: embedded target)")
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="params dtype (default: the backend's: float32 on CPU, bfloat16 on GPU/TPU)")
     parser.add_argument("--method", default="sd",
                         help="ar, sd, bv, specinfer, spectr, gbv, pld, logitspec, csd or ssd (default: sd; see README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.backend import policy_for
 from ssd_jax.engine.compiled import compiled
 from ssd_jax.engine.emission import Outputs, append, stop_rows
 from ssd_jax.engine.output import GenerateOutput, rows_from_buffers
@@ -34,7 +35,10 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
     per_layer = isinstance(params["layers"], (tuple, list))
     cache = init_cache(config, b, capacity, params["embed"].dtype, per_layer=per_layer)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-    logits, cache = forward_cached(params, config, tokens, positions, cache, logit_indices=(lengths - 1)[:, None])
+    policy = policy_for(params)
+    fused = policy.prefill_attention != "reference" and t >= policy.fused_prefill_min_tokens
+    logits, cache = forward_cached(params, config, tokens, positions, cache, logit_indices=(lengths - 1)[:, None],
+                                   prefill_attention=policy.prefill_attention if fused else "reference")
     return logits[:, 0], cache.replace(lengths=lengths)
 
 
@@ -43,12 +47,10 @@ def sample_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array) ->
     return jax.vmap(lambda k, l: sample_from_logits(k, l, sampling))(keys, logits)
 
 
-def unroll_layers() -> bool:
-    """Whether decode loops run on `decode_params` (layers unstacked and unrolled, see
-    `ssd_jax.models.transformer`): on CPU, where the scan copies every layer's weights at every
-    step. Elsewhere the scan stays (one layer in the program, no second copy of the weights)
-    until measured there."""
-    return jax.default_backend() == "cpu"
+def unroll_layers(model: Model | None = None) -> bool:
+    """Whether decode loops on `model` run on `decode_params` (layers unstacked and unrolled, see
+    `ssd_jax.models.transformer`): the backend policy's choice for the platform it lives on."""
+    return policy_for(model).unroll_layers
 
 
 _LOOP_PARAMS_KEPT = 4
@@ -60,7 +62,7 @@ def loop_params(model: Model) -> dict:
     made once per params object and kept for the next call (the last few models); otherwise
     model.params. A call then no longer re-slices and re-fuses every weight (about 3 ms per call
     for the embedded 11M target on CPU)."""
-    if not unroll_layers():
+    if not unroll_layers(model):
         return model.params
     make = lambda: jax.jit(decode_params, static_argnums=1)(model.params, model.config)  # noqa: E731
     return _LOOP_PARAMS.get(model.params, None, make)[0]

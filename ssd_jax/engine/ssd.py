@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
 from ssd_jax.engine import ssd_steps as steps
 from ssd_jax.engine.output import GenerateOutput
@@ -312,7 +313,7 @@ def generate_ssd(
                  target_devices=[str(d) for d in decode.tgroup.devices],
                  draft_devices=[str(d) for d in decode.dgroup.devices], placement_time_s=decode.placement_s,
                  cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
-                                     if decode.tgroup.devices[0].platform == "cpu" else None))
+                                     if devices_platform(decode.tgroup.devices) == "cpu" else None))
     out = speculative_output("ssd", batch, outputs.out, outputs.num_out, outputs.finish, counters, wall,
                              decode.run.compile_s, extra)
     out.stats.update(decode.tally.stats(wall))

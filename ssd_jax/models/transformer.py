@@ -17,6 +17,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import policy_for
+from ssd_jax.models.attention import causal_attention, masked_attention
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
 from ssd_jax.models.layers import activation, apply_rope, norm, rms_norm, rope_inv_freq
@@ -199,6 +201,8 @@ def forward_cached(
     cache: KVCache,
     tree_mask: jax.Array | None = None,
     logit_indices: jax.Array | None = None,
+    prefill_attention: str = "reference",
+    decode_attention: str | None = None,
 ) -> tuple[jax.Array, KVCache]:
     """Forward over T new tokens per row through the cache.
 
@@ -208,12 +212,23 @@ def forward_cached(
     selecting which of the T outputs get logits (saves the LM head on long prefills).
     Returns float32 logits [B, T or M, V] and the updated cache.
 
+    prefill_attention: "reference", or "xla" / "cudnn" for `jax.nn.dot_product_attention` over
+    the new tokens alone (`ssd_jax.models.attention`); only for a prompt forward into an empty
+    cache with no tree_mask, where the new tokens' causal mask is the whole mask.
+    decode_attention: the attention of every other forward, "reference" (`_attend`) or "xla"
+    (`jax.nn.dot_product_attention` with the mask); None: the backend policy's for the params.
+
     Stacked params with a stacked cache run the layers under `lax.scan`; per-layer params
     (`unstack_layers`) or a per-layer cache run them as an unrolled loop. The cache comes back in
     the layout it came in.
     """
     b, t = tokens.shape
-    mask = cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
+    fused = prefill_attention != "reference"
+    if fused and tree_mask is not None:
+        raise ValueError("prefill_attention applies to causal prompt forwards, not token trees")
+    mask = None if fused else cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
+    if decode_attention is None:
+        decode_attention = policy_for(params).decode_attention
     rows = jnp.arange(b)[:, None]
     write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
 
@@ -235,7 +250,12 @@ def forward_cached(
             k_buf = k_buf.at[i, rows, :, write_slots].set(k, mode="drop")
             v_buf = v_buf.at[i, rows, :, write_slots].set(v, mode="drop")
             k_cur, v_cur = k_buf[i], v_buf[i]
-        attn = _attend(config, q, k_cur, v_cur, mask)
+        if fused:
+            attn = causal_attention(q, k, v, window=config.sliding_window, implementation=prefill_attention)
+        elif decode_attention == "xla":
+            attn = masked_attention(q, k_cur, v_cur, mask)
+        else:
+            attn = _attend(config, q, k_cur, v_cur, mask)
         return _layer_output(config, lp, x, attn), k_buf, v_buf
 
     x = embed(params, config, tokens, positions)

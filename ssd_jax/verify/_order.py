@@ -10,6 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import per_platform
+
 
 def order_key(p, q):
     """Unsigned integers whose order is the order of the float key log p - log q (ascending),
@@ -74,7 +76,7 @@ def sort_order(keys):
     natively); both give the same order."""
     if keys.shape[0] >= 1 << 31:
         return _pair_sort_order(keys)
-    return jax.lax.platform_dependent(keys, cpu=_radix_order, default=_pair_sort_order)
+    return per_platform(keys, cpu=_radix_order, default=_pair_sort_order)
 
 
 def cdf_before(keys, q):

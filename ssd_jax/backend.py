@@ -1,0 +1,131 @@
+"""The backend policy: every choice that depends on the hardware, made in one place.
+
+No other module under `ssd_jax/` asks JAX which backend it runs on or a device's platform; they
+ask this module for the `Policy` of the platform their model lives on (`policy_for(model)`).
+
+The choices, per platform (each measured; the numbers are in benchmarks/results/):
+
+| choice | cpu | gpu | tpu |
+| --- | --- | --- | --- |
+| `dtype` (params and KV cache) | float32 | bfloat16 | bfloat16 |
+| `unroll_layers` (decode loops on `decode_params`, per-layer KV cache) | yes | yes | yes |
+| `prefill_attention` (causal prompt forward) | reference | cudnn | xla |
+| `fused_prefill_min_tokens` (shortest prompt bucket given to it) | 0 | 256 | 256 |
+| `decode_attention` (cached steps and token trees) | reference | xla | reference |
+| `logitspec_tree_size` (LogitSpec's default node budget) | 8 | 16 | 64 |
+
+- float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
+  bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
+  norms and logits stay float32 whatever the dtype (`ssd_jax.models`).
+- Unrolled layers: a `lax.scan` over stacked weights copies each layer's weight slice before its
+  matmul on XLA:CPU and on XLA:GPU alike (H100, Llama-1B shape, bf16, batch 1: 3.06 ms per AR
+  step scanned, 1.63 ms unrolled; `accelerator_*_baseline.json`, part e). TPU follows the GPU
+  choice until measured there.
+- Prompt attention: `jax.nn.dot_product_attention` with cuDNN (flash attention) serves the causal
+  prompt forward on GPU, where the mask is plain causal (plus a sliding window): at 2048 tokens
+  0.11 ms against the reference's 1.04 ms (H100, 8B-class heads); below 256 tokens the
+  reference is faster (128 tokens: 0.048 vs 0.088 ms), hence `fused_prefill_min_tokens`.
+- Cached steps and token trees need arbitrary masks, which cuDNN took 2-3x slower than the
+  alternatives at 1-64 new tokens. XLA's `dot_product_attention` with the mask beat the
+  reference einsum end to end on an H100 (embedded pair, bf16, T=0: AR +9.5%, SD +12%,
+  LogitSpec +7%, CSD +7%; `accelerator_*_policy.json`); on CPU the reference stays (measured
+  equal or faster). TPU keeps the reference until measured.
+- LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
+  1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
+
+Inside a jitted function a model's arrays are tracers with no devices; `platform_of` then gives
+the platform of JAX's default device, which is where an unannotated jit compiles.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+
+from ssd_jax.errors import InputError
+
+PLATFORMS = ("cpu", "gpu", "tpu")
+_PLATFORM_ALIASES = {"cuda": "gpu", "rocm": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
+PREFILL_ATTENTION = ("reference", "xla", "cudnn")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """The backend-dependent choices for one platform (see the module docstring's table)."""
+
+    platform: str
+    dtype: str
+    unroll_layers: bool
+    prefill_attention: str
+    decode_attention: str
+    logitspec_tree_size: int
+    fused_prefill_min_tokens: int = 0
+
+
+POLICIES = {
+    "cpu": Policy("cpu", dtype="float32", unroll_layers=True, prefill_attention="reference",
+                  decode_attention="reference", logitspec_tree_size=8),
+    "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
+                  decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256),
+    "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
+                  decode_attention="reference", logitspec_tree_size=64, fused_prefill_min_tokens=256),
+}
+
+
+def normalize_platform(name: str) -> str:
+    """'cpu' | 'gpu' | 'tpu' for a JAX platform name ('cuda' and 'rocm' are 'gpu'); InputError otherwise."""
+    platform = _PLATFORM_ALIASES.get(str(name).lower())
+    if platform is None:
+        raise InputError(f"unknown platform {name!r}; known: {', '.join(sorted(_PLATFORM_ALIASES))}")
+    return platform
+
+
+def default_platform() -> str:
+    """The platform of JAX's default device (where an unannotated jit compiles)."""
+    return normalize_platform(jax.devices()[0].platform)
+
+
+def platform_of(tree: Any) -> str:
+    """The platform of the devices holding the first placed array in `tree` (a Model, params or
+    any pytree); the default platform when it holds none (numpy arrays, tracers inside jit)."""
+    leaves = jax.tree.leaves(getattr(tree, "params", tree))
+    for leaf in leaves:
+        if isinstance(leaf, jax.Array) and not isinstance(leaf, jax.core.Tracer):
+            try:
+                devices = leaf.devices()
+            except Exception:  # noqa: BLE001 - deleted or abstract arrays have no devices
+                continue
+            if devices:
+                return normalize_platform(next(iter(devices)).platform)
+    return default_platform()
+
+
+def policy_for(where: Any = None) -> Policy:
+    """The policy of a platform name, of the platform a model or pytree lives on, or (None) of
+    the default device."""
+    if where is None:
+        return POLICIES[default_platform()]
+    if isinstance(where, str):
+        return POLICIES[normalize_platform(where)]
+    return POLICIES[platform_of(where)]
+
+
+def devices_platform(devices) -> str:
+    """The platform of a group of devices (all of one platform, else InputError)."""
+    platforms = {normalize_platform(d.platform) for d in devices}
+    if len(platforms) != 1:
+        raise InputError(f"devices {[str(d) for d in devices]} span several platforms: {sorted(platforms)}")
+    return platforms.pop()
+
+
+def per_platform(x: jax.Array, *, cpu: Callable, default: Callable):
+    """`cpu(x)` in programs compiled for CPU, `default(x)` elsewhere: the choice is made when
+    the program is lowered, so one traced function serves every platform."""
+    return jax.lax.platform_dependent(x, cpu=cpu, default=default)
+
+
+def describe() -> dict:
+    """The default backend and JAX version, for reports."""
+    return {"jax_backend": default_platform(), "jax": jax.__version__}
