@@ -11,7 +11,6 @@ import pytest
 
 import ssd_jax
 from ssd_jax.draft import cascade as cascade_draft
-from ssd_jax.draft.cascade_maxgram import maxgram_tokens
 from ssd_jax.draft.cascade_review import sampled_review
 from ssd_jax.draft.cascade_schedule import build_schedule, default_k_matrix
 from ssd_jax.draft.maxgram import maxgram_draft
@@ -78,19 +77,6 @@ def test_schedule_widths_and_pending_follow_the_k_matrix():
 def test_bad_k_matrix_is_refused(k_matrix, match):
     with pytest.raises(InputError, match=match):
         build_schedule(k_matrix, 1)
-
-
-@pytest.mark.parametrize("num_tokens, max_ngram", [(1, 1), (2, 3), (4, 4), (3, 5)])
-def test_cascade_maxgram_equals_maxgram_draft(num_tokens, max_ngram):
-    """The cascade's fused Max-Gram proposes exactly what `maxgram_draft` proposes (small
-    vocabularies: many matches of every order, ties between occurrences, short rows)."""
-    rng = np.random.default_rng(num_tokens * 10 + max_ngram)
-    context = jnp.asarray(rng.integers(0, 3, (48, 20)), jnp.int32)
-    length = jnp.asarray(rng.integers(1, 21, 48), jnp.int32)
-    bigram = jnp.asarray(rng.integers(0, 3, 3), jnp.int32)
-    expected = maxgram_draft(context, length, bigram, num_tokens=num_tokens, max_ngram=max_ngram)
-    got = maxgram_tokens(context, length, bigram, num_tokens=num_tokens, max_ngram=max_ngram)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
 
 
 # ---------------------------------------------------------------------------------- greedy == AR
