@@ -318,5 +318,7 @@ def as_method(method) -> Method:
     if isinstance(method, type) and issubclass(method, Method) and method.name:
         raise InputError(f"method must be a method object, got the class {method.__name__}; "
                          f"use method={method.__name__}()")
+    if isinstance(method, str):
+        raise InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
     raise InputError(f"method must be a method object (ssd_jax.{', ssd_jax.'.join(c.__name__ for c in METHOD_CLASSES.values())}) "
                      f"or one of the names {', '.join(METHODS)}; got {method!r:.80}")
