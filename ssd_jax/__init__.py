@@ -1,14 +1,17 @@
 """ssd_jax: speculative decoding for JAX.
 
-Public API: `load`, `forward`, `generate`, `default_models`, `Model`, `ModelConfig`, `SamplingParams`,
+Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `SD`, ...), `MaxGram`, `default_models`, `Model`, `ModelConfig`, `SamplingParams`,
 `GenerateOutput`, and the exceptions in `ssd_jax.errors`. Verifiers live in `ssd_jax.verify`.
 """
 
 from ssd_jax.defaults import default_models
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
+from ssd_jax.decode import DecodeOutput, decode
+from ssd_jax.draft.maxgram import MaxGram
 from ssd_jax.generate import METHODS, generate
 from ssd_jax.loading import load
+from ssd_jax.methods import AR, BV, CSD, GBV, PLD, SD, SSD, LogitSpec, Method, SpecInfer, SpecTr
 from ssd_jax.model import Model
 from ssd_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from ssd_jax.reference import forward
@@ -17,6 +20,7 @@ from ssd_jax.sampling import SamplingParams
 __version__ = "0.1.0"
 
 __all__ = [
+    "AR", "BV", "DecodeOutput", "MaxGram", "decode", "CSD", "GBV", "PLD", "SD", "SSD", "LogitSpec", "Method", "SpecInfer", "SpecTr",
     "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
     "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "default_models", "forward", "generate", "load",
 ]

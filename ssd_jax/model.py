@@ -1,10 +1,15 @@
-"""`Model`: a configuration, its parameters, the tokenizer and where they came from."""
+"""`Model`: a configuration, its parameters, the tokenizer and where they came from.
+
+A `Model` is a pytree: its params are the leaves; config, tokenizer and path are static (aux
+data), so `jax.tree_util.tree_map(f, model)` returns a Model and a Model passes through
+`jax.jit` like any pytree."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from ssd_jax.errors import InputError
@@ -27,7 +32,7 @@ def dtype_from_name(name: str | Any):
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-    """A loaded model.
+    """A loaded model (a pytree: params are its leaves; config, tokenizer and path static).
 
     config: static architecture (hashable); params: pytree of jax arrays (see models/params.py);
     tokenizer: a `tokenizers.Tokenizer` or None; path: the directory it was loaded from (or None).
@@ -44,3 +49,6 @@ class Model:
 
     def with_params(self, params: dict) -> "Model":
         return dataclasses.replace(self, params=params)
+
+
+jax.tree_util.register_dataclass(Model, data_fields=["params"], meta_fields=["config", "tokenizer", "path"])

@@ -19,7 +19,16 @@ def _forward(params, tokens, config):
 
 
 def forward(model: Model, tokens) -> jax.Array:
-    """int32 tokens [B, T] -> float32 logits [B, T, V] (full causal forward, no cache)."""
+    """int32 tokens [B, T] -> float32 logits [B, T, V] (full causal forward, no cache).
+
+    Works inside a user's jit on a traced Model and tokens; token ids are checked only when
+    they are concrete."""
+    if not isinstance(model, Model):
+        raise InputError(f"model must be an ssd_jax Model (see ssd_jax.load), got {type(model).__name__}")
+    if isinstance(tokens, jax.core.Tracer):
+        if tokens.ndim != 2 or tokens.shape[1] == 0 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise InputError(f"tokens must be integers [batch, length >= 1], got {tokens.shape} {tokens.dtype}")
+        return _forward(model.params, tokens.astype(jnp.int32), model.config)
     array = np.asarray(tokens)
     if array.ndim != 2 or array.shape[1] == 0:
         raise InputError(f"tokens must have shape [batch, length] with length >= 1, got {array.shape}")

@@ -122,7 +122,7 @@ def test_failed_conversion_midway_writes_nothing(llama_copy, tmp_path):
         ([[1, 2]], {"temperature": 1.0, "top_p": 1.5}, r"top_p must be in \(0, 1\]"),
         ([[1, 2]], {"temperature": 1.0, "top_k": 0}, "top_k must be an integer >= 1"),
         ([[1, 2]], {"method": "telepathy"}, "unknown method 'telepathy'"),
-        ([[1, 2]], {"num_paths": 3}, "takes no options"),
+        ([[1, 2]], {"num_paths": 3}, "AR has no option for num_paths"),
         ([[1, 2]], {"key": np.zeros((3, 2), np.uint32)}, "3 keys for a batch of 1"),
     ],
 )

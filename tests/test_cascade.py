@@ -10,12 +10,18 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from ssd_jax.draft.maxgram import MaxGram
+
+
+def csd_args(target, drafts, bigram=None, **options):
+    """method= and draft= for generate: CSD(**options) over drafts, then Max-Gram with bigram."""
+    maxgram = () if bigram is None else (MaxGram.for_target(target, bigram),)
+    return dict(method=ssd_jax.CSD(**options), draft=tuple(drafts) + maxgram)
 from ssd_jax.draft import cascade as cascade_draft
-from ssd_jax.draft.cascade_maxgram import maxgram_tokens
 from ssd_jax.draft.cascade_review import sampled_review
 from ssd_jax.draft.cascade_schedule import build_schedule, default_k_matrix
 from ssd_jax.draft.maxgram import maxgram_draft
-from ssd_jax.engine import compiled
+from ssd_jax.engine import compile_cache
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from spec_models import llama, noisy_copy
@@ -80,19 +86,6 @@ def test_bad_k_matrix_is_refused(k_matrix, match):
         build_schedule(k_matrix, 1)
 
 
-@pytest.mark.parametrize("num_tokens, max_ngram", [(1, 1), (2, 3), (4, 4), (3, 5)])
-def test_cascade_maxgram_equals_maxgram_draft(num_tokens, max_ngram):
-    """The cascade's fused Max-Gram proposes exactly what `maxgram_draft` proposes (small
-    vocabularies: many matches of every order, ties between occurrences, short rows)."""
-    rng = np.random.default_rng(num_tokens * 10 + max_ngram)
-    context = jnp.asarray(rng.integers(0, 3, (48, 20)), jnp.int32)
-    length = jnp.asarray(rng.integers(1, 21, 48), jnp.int32)
-    bigram = jnp.asarray(rng.integers(0, 3, 3), jnp.int32)
-    expected = maxgram_draft(context, length, bigram, num_tokens=num_tokens, max_ngram=max_ngram)
-    got = maxgram_tokens(context, length, bigram, num_tokens=num_tokens, max_ngram=max_ngram)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
-
-
 # ---------------------------------------------------------------------------------- greedy == AR
 
 @pytest.mark.parametrize("levels, options, alone", [
@@ -106,22 +99,21 @@ def test_greedy_equals_autoregressive_batched_and_alone(models, levels, options,
     drafts = [d1, d2][:levels]
     prompts = _prompts()
     reference = ssd_jax.generate(target, prompts, max_new_tokens=40)
-    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method="csd", drafts=drafts, bigram=bigram, **options)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, **csd_args(target, drafts, bigram, **options))
     assert out.tokens == reference.tokens
     assert out.finish_reasons == reference.finish_reasons
     assert out.stats["num_accepted_tokens"] > 0
     assert out.stats["drafter_calls"] == [1 + (out.stats["target_calls"] - 1) * k
                                           for k in build_schedule(options.get("k_matrix"), levels).rounds_per_level]
     if alone:
-        single = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, method="csd", drafts=drafts, bigram=bigram,
-                                  **options)
+        single = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, **csd_args(target, drafts, bigram, **options))
         assert single.tokens[0] == out.tokens[1]
 
 
 @pytest.mark.parametrize("temperature, lenience", [(0.0, 2.0), (1.0, 1.0)])
 def test_default_lenience_depends_on_temperature(models, temperature, lenience):
     target, d1, _, bigram = models
-    out = ssd_jax.generate(target, _prompts()[:1], max_new_tokens=8, method="csd", drafts=[d1], bigram=bigram,
+    out = ssd_jax.generate(target, _prompts()[:1], max_new_tokens=8, **csd_args(target, [d1], bigram),
                            temperature=temperature)
     assert out.stats["lenience"] == lenience
 
@@ -132,8 +124,8 @@ def test_drafters_equal_to_the_target_get_every_draft_token_accepted(models):
     any slip in a drafter's cache bookkeeping (a missed pending token, a stale slot, a wrong logit
     row) would change its logits and break this. At temperature 1 the laws must match too."""
     target, _, _, bigram = models
-    out = ssd_jax.generate(target, _prompts(), max_new_tokens=40, method="csd", drafts=[target, target],
-                           k_matrix=[[0, 1, 0, 0], [0, 0, 1, 1], [0, 0, 0, 2]], bigram=bigram, temperature=1.0,
+    out = ssd_jax.generate(target, _prompts(), max_new_tokens=40, temperature=1.0,
+                           **csd_args(target, [target, target], bigram, k_matrix=[[0, 1, 0, 0], [0, 0, 1, 1], [0, 0, 0, 2]]),
                            key=jax.random.PRNGKey(5))
     assert out.stats["num_draft_tokens"] > 0
     assert out.stats["acceptance_rate"] == 1.0
@@ -152,7 +144,7 @@ def test_embedded_models_greedy_equals_autoregressive():
     text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef "
     prompts = [target.tokenizer.encode(text).ids, target.tokenizer.encode("import os\nimport sys\n").ids]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=32)
-    out = ssd_jax.generate(target, prompts, max_new_tokens=32, method="csd", drafts=drafts)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=32, **csd_args(target, drafts))
     assert out.tokens == reference.tokens
     assert out.stats["mean_acceptance_length"] > 1.0
 
@@ -172,8 +164,8 @@ def tiny_models():
 
 def _empirical(target, drafts, options):
     keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
-    out = ssd_jax.generate(target, [PROMPT] * SAMPLES, max_new_tokens=3, method="csd", drafts=drafts, key=keys,
-                           temperature=1.0, bigram=TINY_BIGRAM, **options)
+    out = ssd_jax.generate(target, [PROMPT] * SAMPLES, max_new_tokens=3, key=keys,
+                           temperature=1.0, **csd_args(target, drafts, TINY_BIGRAM, **options))
     counts = np.zeros((VOCAB,) * 3)
     for row in out.tokens:
         counts[tuple(row)] += 1
@@ -200,11 +192,11 @@ def test_sampling_law_check_has_power(tiny_models, monkeypatch):
 
     target, *drafts = tiny_models
     monkeypatch.setattr(cascade_draft, "sampled_review", rubber_stamp)
-    compiled.clear()  # the executables compiled with the real review must not be reused
+    compile_cache.clear()  # the executables compiled with the real review must not be reused
     try:
         freq, _ = _empirical(target, drafts[:1], dict(k_matrix=[[0, 1, 0], [0, 0, 2]]))
     finally:
-        compiled.clear()
+        compile_cache.clear()
     assert not _consistent(freq, _exact_law(target, PROMPT, SamplingParams(temperature=1.0)))
 
 
@@ -280,26 +272,30 @@ def test_review_law_check_has_power():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(lenience=2.0, temperature=1.0), "lenience=2.0 relaxes acceptance .* temperature 0 only"),
     (dict(lenience=0.5), "lenience must be a finite number >= 1"),
-    (dict(num_draft_tokens=4), "does not take option"),
+    (dict(num_draft_tokens=4), "CSD has no option for num_draft_tokens"),
     (dict(max_draft_tokens=0), "max_draft_tokens must be an integer >= 1"),
     (dict(k_matrix=[[0, 4, 1], [0, 2, 2]]), r"k_matrix\[1\]\[1\] = 2"),
     (dict(bigram=np.zeros(10, np.int32)), r"bigram must be an int32 table \[V=64\]"),
     (dict(bigram=np.full(64, 99, np.int32)), "bigram maps token 0 to 99"),
     (dict(bigram=None), "target has no tokenizer"),
-    (dict(drafts=None), "needs drafters"),
+    (dict(drafts=None), "need a draft model"),
 ])
 def test_bad_cascade_arguments(models, kwargs, match):
     target, d1, _, bigram = models
     kwargs = dict(dict(drafts=[d1], bigram=bigram), **kwargs)
-    if kwargs["drafts"] is None:
-        del kwargs["drafts"]
+    temperature = kwargs.pop("temperature", 0.0)
     with pytest.raises(InputError, match=match):
-        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="csd", **kwargs)
+        if "num_draft_tokens" in kwargs:
+            ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="csd", num_draft_tokens=4)
+        drafts = kwargs.pop("drafts")
+        args = csd_args(target, drafts or [], **kwargs)
+        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, temperature=temperature,
+                         **dict(args, draft=None if drafts is None else args["draft"]))
 
 
-def test_draft_and_drafts_together_are_refused(models):
+def test_the_old_drafts_and_bigram_options_are_refused(models):
     target, d1, d2, bigram = models
-    with pytest.raises(InputError, match="not both"):
+    with pytest.raises(InputError, match=r"no longer takes bigram=, drafts="):
         ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="csd", draft=d1, drafts=[d2], bigram=bigram)
 
 

@@ -1,4 +1,7 @@
-"""`loop_params`: the decode loops' weights are prepared once per params object and reused."""
+"""`loop_params`: the decode loops' weights are prepared once per params object, reused, and the
+cache holds no params alive."""
+
+import gc
 
 import jax
 import numpy as np
@@ -33,3 +36,13 @@ def test_new_params_get_their_own_entry_and_the_cache_stays_small():
     # A model with the same config but other weights never gets another model's weights.
     other = models[0].with_params(jax.tree.map(lambda x: x + 1, models[0].params))
     np.testing.assert_array_equal(np.asarray(loop_params(other)["embed"]), np.asarray(other.params["embed"]))
+
+
+def test_the_cache_holds_no_params_alive():
+    autoregressive._LOOP_PARAMS.clear()
+    model = llama(32, 16, 2, seed=9)
+    loop_params(model)
+    assert len(autoregressive._LOOP_PARAMS) == 1
+    del model
+    gc.collect()
+    assert len(autoregressive._LOOP_PARAMS) == 0

@@ -83,3 +83,16 @@ def test_bad_arguments_raise_input_error():
     with pytest.raises(InputError, match=r"bigram must be a non-empty table int32 \[V\], got shape \(2, 2\)"):
         maxgram_draft(jnp.zeros((1, 4), jnp.int32), jnp.array([2]), jnp.zeros((2, 2), jnp.int32),
                       num_tokens=2, max_ngram=2)
+
+
+def test_maxgram_drafter_is_a_pytree_with_its_table_as_leaf():
+    from ssd_jax.draft.maxgram import MaxGram
+
+    table = jnp.arange(5, dtype=jnp.int32)[::-1]
+    drafter = MaxGram(bigram=table)
+    assert jax.tree.leaves(drafter) == [drafter.bigram]
+    doubled = jax.tree.map(lambda x: x, drafter)
+    assert isinstance(doubled, MaxGram)
+    context = jnp.array([[1, 2, 3, 1, 2]], jnp.int32)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda m: m.draft(context, jnp.array([5]), num_tokens=2,
+                                                                      max_ngram=2))(drafter)), [[3, 1]])

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from method_options import make
 from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import logitspec_layout, rank_branch_length
-from ssd_jax.engine import compiled, retrieval
+from ssd_jax.engine import compile_cache, retrieval
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.verify.point_tree import point_mass_tree
@@ -43,13 +44,13 @@ def _repetitive_prompts(rng):
 def test_greedy_equals_autoregressive_batched_and_alone(target, method, options):
     prompts = _repetitive_prompts(np.random.default_rng(1))
     reference = ssd_jax.generate(target, prompts, max_new_tokens=40)
-    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, **options)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=make(method, **options))
     assert out.tokens == reference.tokens
     assert out.finish_reasons == reference.finish_reasons
     assert out.stats["num_draft_tokens"] > 0
     if options.get("prompt_lookup_min", 1) == 1:
         assert out.stats["num_accepted_tokens"] > 0  # retrieval hits on the repeated text
-    alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method=method, **options)
+    alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method=make(method, **options))
     assert alone.tokens[0] == out.tokens[2]
 
 
@@ -59,7 +60,7 @@ def test_embedded_target_greedy_equals_autoregressive():
     prompts = [model.tokenizer.encode(text).ids, model.tokenizer.encode("import os\nimport sys\n").ids]
     reference = ssd_jax.generate(model, prompts, max_new_tokens=48)
     for method in ("pld", "logitspec"):
-        out = ssd_jax.generate(model, prompts, max_new_tokens=48, method=method, tree_capacity=24) \
+        out = ssd_jax.generate(model, prompts, max_new_tokens=48, method=make(method, tree_capacity=24)) \
             if method == "logitspec" else ssd_jax.generate(model, prompts, max_new_tokens=48, method=method)
         assert out.tokens == reference.tokens, method
         assert out.stats["mean_acceptance_length"] > 1.0
@@ -140,8 +141,8 @@ def tiny_target():
 
 def _empirical(target, prompt, method, options, sampling):
     keys = jax.random.split(jax.random.PRNGKey(12), SAMPLES)
-    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=method, key=keys,
-                           temperature=sampling.temperature, **options)
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=make(method, **options), key=keys,
+                           temperature=sampling.temperature)
     counts = np.zeros((VOCAB,) * NEW)
     for row in out.tokens:
         counts[tuple(row)] += 1
@@ -167,23 +168,23 @@ def test_sampling_law_check_has_power(tiny_target, monkeypatch):
     sampling = SamplingParams(temperature=1.0)
     broken = functools.partial(point_mass_tree, greedy=True)
     monkeypatch.setattr(retrieval, "point_mass_tree", lambda *a, greedy: broken(*a))
-    compiled.clear()  # the executables compiled with the real verifier must not be reused
+    compile_cache.clear()  # the executables compiled with the real verifier must not be reused
     try:
         freq, _ = _empirical(tiny_target, PROMPT, "pld", dict(num_draft_tokens=2), sampling)
     finally:
-        compiled.clear()
+        compile_cache.clear()
     assert not _consistent(freq, _exact_law(tiny_target, PROMPT, sampling))
 
 
 # ---------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(method="pld", num_draft_tokens=0), "num_draft_tokens must be an integer >= 1"),
-    (dict(method="pld", prompt_lookup_min=3, prompt_lookup_max=2), "prompt_lookup_max=2 is below"),
-    (dict(method="pld", logitspec_topk=3), "does not take option"),
-    (dict(method="logitspec", tree_capacity=1), "tree_capacity must be >= 2"),
-    (dict(method="logitspec", max_ngram=0), "max_ngram must be an integer >= 1"),
-    (dict(method="logitspec", num_paths=2), "does not take option"),
+    (dict(method=ssd_jax.PLD(draft_len=4), num_draft_tokens=0), r"use method=PLD\(draft_len=0\)"),
+    (dict(method="pld", prompt_lookup_min=3, prompt_lookup_max=2), r"use method=PLD\(min_ngram=3, max_ngram=2\)"),
+    (dict(method="pld", logitspec_topk=3), "PLD has no option for logitspec_topk"),
+    (dict(method="logitspec", tree_capacity=1), r"use method=LogitSpec\(tree_size=1\)"),
+    (dict(method="logitspec", max_ngram=0), r"use method=LogitSpec\(max_ngram=0\)"),
+    (dict(method="logitspec", num_paths=2), "LogitSpec has no option for num_paths"),
 ])
 def test_bad_retrieval_arguments(target, kwargs, match):
     with pytest.raises(InputError, match=match):
@@ -191,5 +192,5 @@ def test_bad_retrieval_arguments(target, kwargs, match):
 
 
 def test_retrieval_refuses_a_draft_model(target):
-    with pytest.raises(InputError, match="takes no draft model"):
+    with pytest.raises(InputError, match="drafts without a model and takes no draft"):
         ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="pld", draft=target)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from method_options import make
+from ssd_jax.engine import compile_cache
 from ssd_jax import verify
 from ssd_jax.engine import speculative
 from ssd_jax.errors import InputError
@@ -37,17 +39,17 @@ def test_greedy_equals_autoregressive_batched_and_alone(models, method, options)
     rng = np.random.default_rng(1)
     prompts = [rng.integers(2, 64, n).tolist() for n in (6, 1, 13)]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=40)
-    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft, **options)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=make(method, **options), draft=draft)
     assert out.tokens == reference.tokens
     assert out.finish_reasons == reference.finish_reasons
     assert out.stats["num_accepted_tokens"] > 0  # the noisy draft agrees often enough to matter
-    alone = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, method=method, draft=draft, **options)
+    alone = ssd_jax.generate(target, prompts[1:2], max_new_tokens=40, method=make(method, **options), draft=draft)
     assert alone.tokens[0] == out.tokens[1]
 
 
 def test_greedy_with_a_perfect_draft_accepts_everything(models):
     target, _ = models
-    out = ssd_jax.generate(target, [[3, 4, 5]], max_new_tokens=30, method="sd", draft=target, num_draft_tokens=4)
+    out = ssd_jax.generate(target, [[3, 4, 5]], max_new_tokens=30, method=ssd_jax.SD(draft_len=4), draft=target)
     assert out.stats["acceptance_rate"] == 1.0
     assert out.tokens == ssd_jax.generate(target, [[3, 4, 5]], max_new_tokens=30).tokens
 
@@ -82,8 +84,8 @@ def _exact_law(target, prompt, sampling):
 
 def _empirical(target, draft, prompt, method, options, sampling):
     keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
-    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=method, draft=draft, key=keys,
-                           temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, **options)
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=make(method, **options), draft=draft, key=keys,
+                           temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
     counts = np.zeros((VOCAB,) * NEW)
     for row in out.tokens:
         counts[tuple(row)] += 1
@@ -115,7 +117,11 @@ def test_sampling_law_check_has_power(tiny_models, monkeypatch):
     sampling = SamplingParams(temperature=1.0)
     monkeypatch.setitem(speculative.SPECULATIVE_METHODS, "sd", (verify.greedy, False))
     prompt = [0, 2, 1]
-    freq = _empirical(target, draft, prompt, "sd", dict(num_draft_tokens=2), sampling)
+    compile_cache.clear()  # the executables compiled with the real verifier must not be reused
+    try:
+        freq = _empirical(target, draft, prompt, "sd", dict(num_draft_tokens=2), sampling)
+    finally:
+        compile_cache.clear()
     assert not _consistent(freq, _exact_law(target, prompt, sampling))
 
 
@@ -123,10 +129,10 @@ def test_sampling_law_check_has_power(tiny_models, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(method="sd"), "need a draft model"),
-    (dict(method="sd", num_draft_tokens=0), "num_draft_tokens must be an integer >= 1"),
-    (dict(method="gbv", num_paths=0), "num_paths must be an integer >= 1"),
-    (dict(method="bv", num_paths=2), "drafts a single path"),
-    (dict(method="sd", lenience=2), "does not take option"),
+    (dict(method="sd", num_draft_tokens=0), r"use method=SD\(draft_len=0\)"),
+    (dict(method="gbv", num_paths=0), r"use method=GBV\(paths=0\)"),
+    (dict(method="bv", num_paths=2), "BV has no option for num_paths"),
+    (dict(method="sd", lenience=2), "SD has no option for lenience"),
 ])
 def test_bad_speculative_arguments(models, kwargs, match):
     target, draft = models
@@ -171,20 +177,27 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
     rng = np.random.default_rng(7)
     prompts = [rng.integers(2, 64, n).tolist() for n in (5, 9)]
     batch = prepare_prompts(prompts, target.config, 40)
-    plan = speculative.SpecPlan(method=method, num_draft_tokens=options["num_draft_tokens"],
-                                num_paths=options["num_paths"], out_size=64, capacity=16 + 64 + 24)
-    decode = jax.jit(functools.partial(speculative._decode, tcfg=target.config, dcfg=draft.config,
-                                       sampling=SamplingParams(temperature), plan=plan, stream=False,
-                                       return_caches=True))
-    out, num_out, _, counters, tcache, _ = decode(
-        target.params, draft.params, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-        row_keys(jax.random.PRNGKey(3), 2), jnp.asarray(40, jnp.int32), jnp.asarray([-1], jnp.int32))
+    from ssd_jax.engine.skeleton import run
+
+    obj = make(method, **options)
+
+    @jax.jit
+    def decode(target, draft, tokens, lengths, keys):
+        parts = speculative.speculative_parts(obj, target.params, target.config, draft.params, draft.config,
+                                              SamplingParams(temperature), tokens.shape[1], 64)
+        state = run(parts, target.params, target.config, tokens, lengths, keys, jnp.asarray(40, jnp.int32),
+                    jnp.asarray([-1], jnp.int32), sampling=SamplingParams(temperature), out_size=64, stream=False)
+        return state.outputs.out, state.outputs.num_out, state.counters, state.tcache
+
+    out, num_out, counters, tcache = decode(target, draft, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
+                                            row_keys(jax.random.PRNGKey(3), 2))
+    plan = obj
     assert int(np.sum(counters.num_drafts)) > 10
     for row, prompt in enumerate(prompts):
         emitted = np.asarray(out)[row, : int(num_out[row])].tolist()
         text = prompt + emitted[:-1]
         # The last step may commit accepted tokens past the max_new_tokens cut; they are never read.
-        assert len(text) <= int(tcache.lengths[row]) <= len(text) + plan.num_draft_tokens + 1
+        assert len(text) <= int(tcache.lengths[row]) <= len(text) + plan.draft_len + 1
         tokens = jnp.asarray([text + [0] * (64 - len(text))], jnp.int32)
         _, fresh = prefill(target.params, target.config, tokens, jnp.asarray([len(text)], jnp.int32), 64)
         tcache, fresh = to_stacked(tcache), to_stacked(fresh)

@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from method_options import make
 from ssd_jax import verify
 from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, uniform_fanout
 from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
@@ -66,14 +67,14 @@ def reference(models, prompts):
 ])
 def test_greedy_equals_autoregressive_batched_and_alone(models, prompts, reference, options):
     target, draft = models
-    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=draft, **options)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=make("ssd", **options), draft=draft)
     assert out.tokens == reference.tokens
     assert out.finish_reasons == reference.finish_reasons
     s = out.stats
     assert s["num_accepted_tokens"] > 0 and s["colocated"] is True
     assert 0 < s["cache_hit_rate"] < 1 and s["fallback_rows"] > 0  # both paths were taken
     assert sum(s["outcomes_by_accepted_length"]) == s["cache_lookups"]
-    alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method="ssd", draft=draft, **options)
+    alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method=make("ssd", **options), draft=draft)
     assert alone.tokens[0] == out.tokens[2]
 
 
@@ -81,8 +82,8 @@ def test_greedy_matches_sd_acceptance_and_a_perfect_draft_always_hits(models, pr
     """At temperature 0 the speculations are the draft's greedy chains, as in SD: same acceptance.
     With the target as its own draft every outcome is (L, argmax): every lookup hits."""
     target, draft = models
-    sd = ssd_jax.generate(target, prompts, max_new_tokens=40, method="sd", draft=draft, num_draft_tokens=4)
-    ssd = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=draft, num_draft_tokens=4)
+    sd = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SD(draft_len=4), draft=draft)
+    ssd = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len=4), draft=draft)
     assert ssd.stats["num_accepted_tokens"] == sd.stats["num_accepted_tokens"]
     assert ssd.stats["num_drafts"] == sd.stats["num_drafts"]
     perfect = ssd_jax.generate(target, prompts, max_new_tokens=40, method="ssd", draft=target)
@@ -97,7 +98,7 @@ def test_embedded_pair_greedy_equals_autoregressive():
     prompts = [target.tokenizer.encode(t).ids for t in texts]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=48)
     for options in (dict(), dict(fanout="uniform", saguaro_c=0.5, fallback="ngram")):
-        out = ssd_jax.generate(target, prompts, max_new_tokens=48, method="ssd", draft=draft, **options)
+        out = ssd_jax.generate(target, prompts, max_new_tokens=48, method=make("ssd", **options), draft=draft)
         assert out.tokens == reference.tokens
         assert out.stats["cache_hit_rate"] > 0.5
     alone = ssd_jax.generate(target, prompts[:1], max_new_tokens=48, method="ssd", draft=draft)
@@ -109,9 +110,9 @@ def test_auto_fallback_switches_to_ngram_at_large_batch(models):
     rng = np.random.default_rng(3)
     prompts = [rng.integers(2, 64, 5).tolist() for _ in range(8)]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=24)
-    out = ssd_jax.generate(target, prompts, max_new_tokens=24, method="ssd", draft=draft, fallback="auto")
+    out = ssd_jax.generate(target, prompts, max_new_tokens=24, method=ssd_jax.SSD(fallback="auto"), draft=draft)
     assert out.stats["fallback"] == "ngram" and out.tokens == reference.tokens
-    small = ssd_jax.generate(target, prompts[:2], max_new_tokens=24, method="ssd", draft=draft, fallback="auto")
+    small = ssd_jax.generate(target, prompts[:2], max_new_tokens=24, method=ssd_jax.SSD(fallback="auto"), draft=draft)
     assert small.stats["fallback"] == "jit" and small.tokens == reference.tokens[:2]
 
 
@@ -271,8 +272,8 @@ def _exact_law(target, prompt, sampling):
 
 def _empirical(target, draft, prompt, sampling, options):
     keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
-    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method="ssd", draft=draft, key=keys,
-                           temperature=sampling.temperature, top_k=sampling.top_k, **options)
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=make("ssd", **options), draft=draft,
+                           key=keys, temperature=sampling.temperature, top_k=sampling.top_k)
     counts = np.zeros((VOCAB,) * NEW)
     for row in out.tokens:
         counts[tuple(row)] += 1
@@ -325,13 +326,13 @@ def test_sampling_law_check_has_power(tiny_models, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(), "need a draft model"),
-    (dict(num_draft_tokens=0), "num_draft_tokens must be an integer >= 1, got 0"),
+    (dict(num_draft_tokens=0), "draft_len must be an integer >= 1, got 0"),
     (dict(fanout_budget=0), "fanout_budget must be an integer >= 1, got 0"),
-    (dict(fanout="tree"), "fanout must be one of 'uniform', 'geometric', got 'tree'"),
+    (dict(fanout="tree"), "fanout must be one of 'geometric', 'uniform', got 'tree'"),
     (dict(saguaro_c=1.5), r"saguaro_c must be a number in \[0, 1\].*got 1.5"),
     (dict(fallback="random"), "fallback must be one of 'jit', 'ngram', 'auto', got 'random'"),
     (dict(fanout_acceptance=1.0), r"fanout_acceptance must be a number in \(0, 1\), got 1.0"),
-    (dict(num_paths=2), "does not take option"),
+    (dict(num_paths=2), "num_paths"),
     (dict(target_devices=[0]), "give both target_devices and draft_devices"),
     (dict(target_devices=[0], draft_devices=[7]), "names device 7"),
 ])
@@ -340,7 +341,10 @@ def test_bad_ssd_arguments(models, kwargs, match):
     if "need a draft" not in match:
         kwargs["draft"] = draft
     with pytest.raises(InputError, match=match):
-        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="ssd", **kwargs)
+        draft = kwargs.pop("draft", None)
+        if "num_paths" in kwargs:
+            ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method="ssd", draft=draft, **kwargs)
+        ssd_jax.generate(target, [[1, 2]], max_new_tokens=4, method=make("ssd", **kwargs), draft=draft)
 
 
 def test_cli_flags_reach_generate(capsys):

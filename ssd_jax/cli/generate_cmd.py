@@ -8,6 +8,7 @@ import json
 import sys
 
 from ssd_jax.errors import InputError
+from ssd_jax.methods import CLI_DEFAULT_METHOD, METHODS
 
 SUMMARY_FIELDS = (
     "num_generated_tokens", "tokens_per_second", "wall_time_s", "compile_time_s", "target_calls",
@@ -36,8 +37,9 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="params dtype (default: the backend's: float32 on CPU, bfloat16 on GPU/TPU)")
-    parser.add_argument("--method", default="sd",
-                        help="ar, sd, bv, specinfer, spectr, gbv, pld, logitspec, csd or ssd (default: sd; see README)")
+    parser.add_argument("--method", default=CLI_DEFAULT_METHOD, choices=METHODS,
+                        help=f"one of {', '.join(METHODS)} (default: {CLI_DEFAULT_METHOD}; defaults of every option: "
+                             f"ssd_jax.methods.DEFAULTS, README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
     parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
     retrieval = parser.add_argument_group("retrieval drafting (--method pld|logitspec)")
@@ -108,7 +110,6 @@ def load_models(args):
     """(target, draft or None) from the flags, defaulting to the embedded pair."""
     import ssd_jax
     from ssd_jax.defaults import default_model_dirs
-    from ssd_jax.engine.retrieval import RETRIEVAL_METHODS
     from ssd_jax.pairing import check_same_tokenizer
 
     if args.target is None:
@@ -117,7 +118,7 @@ def load_models(args):
     else:
         target_dir, draft_dir = args.target, args.draft
     target = ssd_jax.load(target_dir, dtype=args.dtype)
-    uses_draft = args.method not in ("ar",) + RETRIEVAL_METHODS and not (args.method == "csd" and args.drafts)
+    uses_draft = args.method not in ("ar", "pld", "logitspec") and not (args.method == "csd" and args.drafts)
     draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and uses_draft else None
     if draft is not None:
         check_same_tokenizer(target, draft)
@@ -146,7 +147,7 @@ class TextStreamer:
             self.printed = text
 
 
-# Method options settable from the command line (argparse dest == generate() keyword).
+# Method options settable from the command line (argparse dest -> method field: generate.OLD_OPTIONS).
 METHOD_OPTION_FLAGS = ("num_draft_tokens", "num_paths", "prompt_lookup_min", "prompt_lookup_max", "logitspec_topk",
                        "tree_capacity", "max_ngram", "fanout_budget", "fanout", "saguaro_c", "fallback",
                        "k_matrix", "max_draft_tokens", "lenience")
@@ -168,9 +169,22 @@ def load_drafts(args, target, draft) -> list:
     return drafts
 
 
-def _options(args) -> dict:
-    """The method options given on the command line; generate() refuses the ones a method lacks."""
-    return {name: getattr(args, name) for name in METHOD_OPTION_FLAGS if getattr(args, name, None) is not None}
+def build_method(args):
+    """The method object of the flags: --method's class with the given option flags as fields
+    (defaults from `ssd_jax.methods.DEFAULTS`); InputError for a flag the method does not take."""
+    import dataclasses
+
+    from ssd_jax.generate import OLD_OPTIONS
+    from ssd_jax.methods import METHOD_CLASSES
+
+    cls = METHOD_CLASSES[args.method]
+    fields = {f.name for f in dataclasses.fields(cls)}
+    given = {name: getattr(args, name) for name in METHOD_OPTION_FLAGS if getattr(args, name, None) is not None}
+    for name in given:
+        if OLD_OPTIONS[name] not in fields:
+            raise InputError(f"--{name.replace('_', '-')} is not an option of --method {args.method} "
+                             f"({cls.__name__} takes {', '.join(sorted(fields)) or 'no options'})")
+    return cls(**{OLD_OPTIONS[name]: value for name, value in given.items()})
 
 
 def print_stats(stats: dict, file=sys.stdout) -> None:
@@ -198,21 +212,22 @@ def run(args) -> int:
     import ssd_jax
 
     target, draft = load_models(args)
-    options = _options(args)
+    method = build_method(args)
     if args.method == "csd" or args.drafts:
-        options["drafts"], draft = load_drafts(args, target, draft), None
+        drafts = load_drafts(args, target, draft)
+        draft = tuple(drafts) if drafts is not None else None
     prompts = encode_prompts(args, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, key=jax.random.PRNGKey(args.seed))
     streaming = not (args.json or args.no_stream or len(prompts) > 1)
     stream = TextStreamer(target.tokenizer, prefix=args.prompt[0] if args.prompt else "") if streaming else None
-    out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, stream=stream, **common, **options)
+    out = ssd_jax.generate(target, prompts, method=method, draft=draft, stream=stream, **common)
     baseline = None
     if args.compare:
         # Streaming costs a host copy per step, and a fresh executable's first run is slow (page
         # faults, cold caches): time both methods unstreamed, on their second run.
         for _ in range(2):
-            out = ssd_jax.generate(target, prompts, method=args.method, draft=draft, **common, **options)
+            out = ssd_jax.generate(target, prompts, method=method, draft=draft, **common)
             baseline = ssd_jax.generate(target, prompts, method="ar", **common)
     if baseline is not None:
         out.stats["ar_tokens_per_second"] = baseline.stats["tokens_per_second"]

@@ -2,8 +2,7 @@
 LLM Inference"), cached and static-shaped: builds the draft the target verifies in one step.
 
 Levels: the target (0), neural drafters D_1 (largest) .. D_n, and Max-Gram G at the bottom
-(`ssd_jax.draft.maxgram`: longest-suffix match in the text, then a bigram table; run here as the
-equivalent `ssd_jax.draft.cascade_maxgram.maxgram_tokens`, cheaper inside the decode loop). The
+(`ssd_jax.draft.maxgram`: longest-suffix match in the text, then a bigram table). The
 k-matrix (`ssd_jax.draft.cascade_schedule`) says how each reviewer's block is built, left to right, from
 the levels below it: k[r][c] review rounds of each neural level c > r, then k[r][G] Max-Gram
 tokens over the current prefix (committed text + everything drafted so far this step).
@@ -41,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ssd_jax.draft.cascade_maxgram import maxgram_tokens
+from ssd_jax.draft.maxgram import maxgram_draft
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule, MaxGramDraw, Round
 from ssd_jax.draft.ngram import append_tokens
@@ -144,7 +143,7 @@ class CascadeDrafter:
 
     def _maxgram(self, count: int, state: CascadeState) -> CascadeState:
         b = state.length.shape[0]
-        tokens = maxgram_tokens(state.context, state.length, self.bigram, num_tokens=count, max_ngram=self.max_ngram)
+        tokens = maxgram_draft(state.context, state.length, self.bigram, num_tokens=count, max_ngram=self.max_ngram)
         offset = state.length - state.base
         context, length = append_tokens(state.context, state.length, tokens, jnp.full((b,), count, jnp.int32))
         laws = state.laws

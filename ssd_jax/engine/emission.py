@@ -46,6 +46,16 @@ def append(outputs: Outputs, tokens: jax.Array, count: jax.Array, max_new: jax.A
     return Outputs(out=out, num_out=num_out, finish=finish, done=done), n
 
 
+def emitted_tokens(chosen: jax.Array, num_accepted: jax.Array, next_token: jax.Array) -> jax.Array:
+    """A step's emitted tokens: chosen int32 [B, M] (the accepted path), num_accepted int32 [B],
+    next_token int32 [B] -> int32 [B, M+1]: chosen[:a] + [next] + zeros."""
+    if chosen.shape[1] == 0:
+        return next_token[:, None]
+    j = jnp.arange(chosen.shape[1] + 1)[None, :]
+    padded = jnp.concatenate([chosen, jnp.zeros_like(chosen[:, :1])], axis=1)
+    return jnp.where(j < num_accepted[:, None], padded, jnp.where(j == num_accepted[:, None], next_token[:, None], 0))
+
+
 def stop_rows(outputs: Outputs, mask: jax.Array) -> Outputs:
     """Ends rows in mask (bool [B]) that are still running with finish reason "length"
     (used when a row's cache has no room for another step)."""

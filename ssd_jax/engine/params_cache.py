@@ -1,32 +1,63 @@
-"""A small cache of values derived from a model's params (decoded weights, weights placed on
-devices), so that repeated generate calls on the same model skip the work."""
+"""A small cache of values derived from a model's params (decode-layout weights, weights placed
+on devices), so that repeated `generate` calls on the same params skip the work, and that holds
+no params alive: an entry is keyed by the identities of the params' leaves, holds only weak
+references to them, and is dropped as soon as one of them is garbage-collected."""
 
 from __future__ import annotations
 
 import collections
+import threading
+import weakref
 from typing import Any, Callable, Hashable
+
+import jax
 
 
 class ParamsCache:
-    """Values per (params object, key), the last `size` of them kept. An entry holds its params
-    object, so the object's id cannot be reused by another while the entry lives."""
+    """Values per (params pytree, key), the last `size` of them kept, weakly keyed.
+
+    A value that holds one of its own key's leaves (e.g. a pass-through weight) is still made but
+    not kept, since keeping it would keep its params alive."""
 
     def __init__(self, size: int):
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._size = size
+        self._lock = threading.Lock()
 
     def get(self, params: Any, key: Hashable, make: Callable[[], Any]) -> tuple[Any, bool]:
-        """(value, made): the cached value for (params, key), or make()'s, then kept."""
-        slot = (id(params), key)
-        entry = self._entries.get(slot)
-        made = entry is None or entry[0] is not params
-        if made:
-            entry = (params, make())
-            self._entries[slot] = entry
+        """(value, made): the cached value for (params, key), or make()'s (then kept when it can be)."""
+        leaves = jax.tree.leaves(params)
+        slot = (tuple(id(x) for x in leaves), key)
+        with self._lock:
+            entry = self._entries.get(slot)
+            if entry is not None and all(ref() is x for ref, x in zip(entry[0], leaves)):
+                self._entries.move_to_end(slot)
+                return entry[1], False
+        value = make()
+        kept_ids = {id(x) for x in jax.tree.leaves(value)}
+        if not leaves or any(id(x) in kept_ids for x in leaves):
+            return value, True
+        try:
+            refs = tuple(weakref.ref(x) for x in leaves)
+        except TypeError:  # leaves that cannot be weakly referenced (e.g. numpy arrays): not kept
+            return value, True
+        with self._lock:
+            self._entries[slot] = (refs, value)
+            self._entries.move_to_end(slot)
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
-        self._entries.move_to_end(slot)
-        return entry[1], made
+        weakref.finalize(leaves[0], self._drop, slot, refs)
+        return value, True
+
+    def _drop(self, slot, refs) -> None:
+        with self._lock:
+            entry = self._entries.get(slot)
+            if entry is not None and entry[0] is refs:
+                del self._entries[slot]
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

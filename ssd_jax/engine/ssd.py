@@ -46,9 +46,8 @@ import numpy as np
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
 from ssd_jax.engine import ssd_steps as steps
-from ssd_jax.engine.output import GenerateOutput
+from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
-from ssd_jax.engine.runner import speculative_output
 from ssd_jax.engine.ssd_placement import DeviceGroup, resolve_groups
 from ssd_jax.engine.ssd_runtime import Programs, placed_params
 from ssd_jax.engine.ssd_stats import SSDTally, Stopwatch
@@ -56,7 +55,7 @@ from ssd_jax.engine.streaming import StreamSink
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
 
-FALLBACKS = ("jit", "ngram", "auto")
+from ssd_jax.methods import FALLBACKS  # noqa: E402,F401  (one list, in the method objects)
 # fallback="auto" drafts misses by prompt lookup from this batch size on: a step misses when any
 # row misses, so hits get rarer with the batch (p_hit^B) and a cheap fallback pays off.
 AUTO_NGRAM_BATCH = 8
@@ -314,7 +313,7 @@ def generate_ssd(
                  draft_devices=[str(d) for d in decode.dgroup.devices], placement_time_s=decode.placement_s,
                  cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
                                      if devices_platform(decode.tgroup.devices) == "cpu" else None))
-    out = speculative_output("ssd", batch, outputs.out, outputs.num_out, outputs.finish, counters, wall,
+    out = generate_output("ssd", outputs.out, outputs.num_out, outputs.finish, counters, wall,
                              decode.run.compile_s, extra)
     out.stats.update(decode.tally.stats(wall))
     return out

@@ -1,5 +1,5 @@
 """The runtime pieces of the SSD host loop: the models' params placed on their device groups
-(cached across calls), and the device programs compiled once per static key and laid out so that
+(cached weakly across calls), and the device programs compiled once per static key and laid out so that
 each program's outputs fit the next call's inputs."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import threading
 import time
 
 import jax
-import numpy as np
 
+from ssd_jax.engine.compile_cache import PROGRAMS, signature
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.params_cache import ParamsCache
 from ssd_jax.engine.ssd_placement import DeviceGroup
@@ -28,18 +28,10 @@ def placed_params(model: Model, group: DeviceGroup):
     return params, (time.perf_counter() - start) if made else 0.0
 
 
-_EXECUTABLES: dict = {}
-
-
-def _signature(args) -> tuple:
-    leaves, treedef = jax.tree.flatten(args)
-    return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "sharding", None))
-                          for x in leaves)
-
-
 class Programs:
     """Compiles each device program on first use and accumulates the compile seconds, which the
-    decode's wall time excludes. Executables are cached per (program, static key, argument shapes,
+    decode's wall time excludes. Executables live in the one compile cache
+    (`ssd_jax.engine.compile_cache`), per (program, static key, argument shapes,
     dtypes and shardings); every output is laid out on its group as `DeviceGroup.sharding_for`
     says, so a program's outputs fit the next call's inputs (no recompiles, no relayouts)."""
 
@@ -57,14 +49,14 @@ class Programs:
         executable = self.local.get(local_key)
         if executable is not None:
             return executable(*args)
-        key = (name, self.static, _signature(args), donate)
+        key = ("ssd", name, self.static, signature(args), donate)
+
+        def build():
+            out_shardings = jax.tree.map(group.sharding_for, jax.eval_shape(fn, *args))
+            return jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings).lower(*args).compile()
+
         with self.lock:
-            executable = _EXECUTABLES.get(key)
-            if executable is None:
-                start = time.perf_counter()
-                out_shardings = jax.tree.map(group.sharding_for, jax.eval_shape(fn, *args))
-                executable = jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings).lower(*args).compile()
-                _EXECUTABLES[key] = executable
-                self.compile_s += time.perf_counter() - start
+            executable, spent = PROGRAMS.get_or_build(key, build)
+            self.compile_s += spent
             self.local[local_key] = executable
         return executable(*args)

@@ -1,0 +1,72 @@
+"""From a method object to its parts for the decode skeleton, and the traced decode every
+synchronous method runs (`decode_arrays`): the body of `ssd_jax.decode` and of `generate`'s
+compiled program."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ssd_jax.engine.autoregressive import ar_parts, in_loop_params
+from ssd_jax.engine.cascade import cascade_parts
+from ssd_jax.engine.retrieval import retrieval_parts
+from ssd_jax.engine.skeleton import run
+from ssd_jax.engine.speculative import speculative_parts
+from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
+from ssd_jax.model import Model
+from ssd_jax.sampling import SamplingParams
+
+
+@struct.dataclass
+class DecodeOutput:
+    """tokens int32 [B, N]: row b's generated ids in tokens[b, :num_tokens[b]] (zeros after);
+    num_tokens int32 [B]; finish_reason int32 [B] (1 = eos, 2 = length; `FINISH_NAMES`);
+    counters: dict "spec" -> `SpecCounters` (vLLM counters, target calls), and for CSD
+    "reviews" -> `ReviewCounters`."""
+
+    tokens: jax.Array
+    num_tokens: jax.Array
+    finish_reason: jax.Array
+    counters: dict
+
+
+def split_cascade(draft) -> tuple[tuple, object]:
+    """CSD's draft tuple -> (neural drafters, largest first; the MaxGram drafter or None)."""
+    from ssd_jax.draft.maxgram import MaxGram
+
+    drafts = tuple(draft) if isinstance(draft, (tuple, list)) else (draft,)
+    maxgram = drafts[-1] if drafts and isinstance(drafts[-1], MaxGram) else None
+    return (drafts[:-1] if maxgram is not None else drafts), maxgram
+
+
+def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, prompt_width: int, out_size: int):
+    """The skeleton parts of `method` for these models (traced params inside) and static sizes."""
+    tparams, tcfg = in_loop_params(target.params, target.config), target.config
+    if isinstance(method, AR):
+        return ar_parts(tparams, tcfg, sampling, prompt_width, out_size)
+    if isinstance(method, (PLD, LogitSpec)):
+        return retrieval_parts(method, tparams, tcfg, sampling, prompt_width, out_size)
+    if isinstance(method, CSD):
+        models, maxgram = split_cascade(draft)
+        bigram = maxgram.bigram if maxgram is not None else jnp.zeros((1,), jnp.int32)
+        return cascade_parts(method, tparams, tcfg, tuple(in_loop_params(m.params, m.config) for m in models),
+                             tuple(m.config for m in models), bigram, sampling, prompt_width, out_size)
+    return speculative_parts(method, tparams, tcfg, in_loop_params(draft.params, draft.config), draft.config,
+                             sampling, prompt_width, out_size)
+
+
+def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
+                  *, method: Method, sampling: SamplingParams, eos_ids: tuple, out_size: int,
+                  stream: bool = False) -> DecodeOutput:
+    """Traced decode of right-padded tokens int32 [B, T] (lengths int32 [B]) with per-row keys
+    uint32 [B, 2]; at most max_new (int32 []) tokens per row in out_size slots; inputs trusted."""
+    parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size)
+    eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
+    state = run(parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
+                jnp.asarray(max_new, jnp.int32), eos, sampling=sampling, out_size=out_size, stream=stream)
+    counters = dict(spec=state.counters)
+    if isinstance(method, CSD):
+        counters["reviews"] = state.inner.counters
+    return DecodeOutput(tokens=state.outputs.out, num_tokens=state.outputs.num_out,
+                        finish_reason=state.outputs.finish, counters=counters)

@@ -1,0 +1,142 @@
+"""The one decode skeleton under every synchronous method: prefill, the first token, then one
+`lax.while_loop` whose body asks the method for its step (draft -> target forward -> verify ->
+commit) and does the rest once: emission of the step's tokens, EOS and length limits, finish
+reasons, streaming and counters.
+
+A method supplies a `Parts` object (see `ssd_jax.engine.decoder.make_parts`):
+  capacity: int         target KV cache slots;
+  room: int             slots one step may need past the committed text (a row without them ends
+                        with finish reason "length");
+  counter_width: int    draft positions counted per step (0: no draft, only target calls count);
+  init(tokens, lengths, first, logits) -> inner   the method's own loop state (a pytree);
+  step(state, keys, active) -> Verdict            one step; keys uint32 [B, 2] are this step's
+                        per-row keys (fold_in(row key, step)); active bool [B] the running rows.
+Rows that are done must keep their caches (a method commits nothing for them).
+
+Random keys, per row key r: the first token is drawn with fold_in(r, 0); step s gets fold_in(r, s).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ssd_jax.backend import policy_for
+from ssd_jax.engine.emission import Outputs, append, emitted_tokens, stop_rows
+from ssd_jax.engine.streaming import emit
+from ssd_jax.metrics import SpecCounters
+from ssd_jax.models.config import ModelConfig
+from ssd_jax.models.kv_cache import KVCache
+from ssd_jax.models.transformer import forward_cached
+from ssd_jax.sampling import SamplingParams, sample_from_logits
+
+
+@struct.dataclass
+class DecodeState:
+    """The loop state of every method.
+
+    tcache: the target's KV cache (every emitted token but `cur`); outputs: `Outputs` (tokens
+    int32 [B, N], counts, finish reasons, done); counters: `SpecCounters`; cur int32 [B]: the last
+    emitted token; step int32 []: the loop step (1 on entry); inner: the method's own state.
+    """
+
+    tcache: KVCache
+    outputs: Outputs
+    counters: SpecCounters
+    cur: jax.Array
+    step: jax.Array
+    inner: Any
+
+
+@struct.dataclass
+class Verdict:
+    """A method step's outcome. tcache: the target cache with the accepted tokens committed;
+    inner: the method's new state; chosen int32 [B, M]: the path the accepted tokens are its
+    first `accepted`; accepted int32 [B]; next_token int32 [B]: the correction or bonus token;
+    drafted int32 [B] tokens proposed, or None for `counter_width` per row."""
+
+    tcache: KVCache
+    inner: Any
+    chosen: jax.Array
+    accepted: jax.Array
+    next_token: jax.Array
+    drafted: jax.Array | None = None
+
+
+class Parts(Protocol):
+    capacity: int
+    room: int
+    counter_width: int
+
+    def init(self, tokens: jax.Array, lengths: jax.Array, first: jax.Array, logits: jax.Array) -> Any: ...
+
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict: ...
+
+
+def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int):
+    """Runs right-padded prompts through a fresh cache.
+
+    tokens int32 [B, T]; lengths int32 [B]. Returns (float32 logits [B, V] at each row's last
+    prompt token, cache with lengths = prompt lengths). Pad slots are written but not committed.
+    With per-layer params (`decode_params`, `unstack_layers`) the cache is per-layer too.
+    """
+    from ssd_jax.models.kv_cache import init_cache
+
+    b, t = tokens.shape
+    per_layer = isinstance(params["layers"], (tuple, list))
+    cache = init_cache(config, b, capacity, params["embed"].dtype, per_layer=per_layer)
+    positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    policy = policy_for(params)
+    fused = policy.prefill_attention != "reference" and t >= policy.fused_prefill_min_tokens
+    logits, cache = forward_cached(params, config, tokens, positions, cache, logit_indices=(lengths - 1)[:, None],
+                                   prefill_attention=policy.prefill_attention if fused else "reference")
+    return logits[:, 0], cache.replace(lengths=lengths)
+
+
+def sample_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array) -> jax.Array:
+    """One token per row with that row's key: keys uint32 [B, 2], logits [B, V] -> int32 [B]."""
+    return jax.vmap(lambda k, l: sample_from_logits(k, l, sampling))(keys, logits)
+
+
+def fold_rows(keys: jax.Array, data) -> jax.Array:
+    """fold_in(keys[b], data) for every row: uint32 [B, 2] -> [B, 2] (data: a scalar)."""
+    return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+
+
+def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+        max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
+        stream: bool) -> DecodeState:
+    """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
+    uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
+    any of eos_ids int32 [E]. Returns the final DecodeState."""
+    b = tokens.shape[0]
+    ones = jnp.ones((b,), jnp.int32)
+    logits, tcache = prefill(tparams, tcfg, tokens, lengths, parts.capacity)
+    first = sample_rows(sampling, fold_rows(keys, 0), logits)
+    outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
+    if stream:
+        emit(first[:, None], ones)
+    state = DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
+                        cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
+
+    def body(state: DecodeState) -> DecodeState:
+        active = ~state.outputs.done
+        verdict = parts.step(state, fold_rows(keys, state.step), active)
+        emitted = emitted_tokens(verdict.chosen, verdict.accepted, verdict.next_token)
+        outputs, appended = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
+        if stream:
+            emit(emitted, appended)
+        counters = state.counters
+        if parts.counter_width:
+            counters = counters.record(active, verdict.accepted, verdict.drafted)
+        else:
+            counters = counters.replace(target_calls=counters.target_calls + 1)
+        # A row whose cache could not take another full step ends with reason "length".
+        outputs = stop_rows(outputs, verdict.tcache.lengths + parts.room > parts.capacity)
+        return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
+                           step=state.step + 1, inner=verdict.inner)
+
+    return jax.lax.while_loop(lambda s: ~jnp.all(s.outputs.done), body, state)

@@ -1,0 +1,324 @@
+"""Method objects: frozen, hashable dataclasses of a decoding method's static configuration.
+
+`AR()`, `SD(draft_len)`, `BV(draft_len)`, `SpecInfer / SpecTr / GBV(draft_len, paths)`,
+`PLD(draft_len, min_ngram, max_ngram)`, `LogitSpec(draft_len, topk, tree_size, max_ngram)`,
+`CSD(k_matrix, lenience, max_ngram, max_draft_tokens)`, `SSD(draft_len, fanout_budget, ...)`.
+Being hashable, a method is a static argument of `jax.jit`; it holds no arrays (drafters are
+models passed as `draft=`). Every field is checked in `__post_init__` by the rule named in the
+class's `RULES` (an `InputError` names the field and the value) and normalised (NumPy integers
+become Python ints, so `SD(draft_len=np.int64(4)) == SD(draft_len=4)` with equal hashes).
+A rule is one function per field, so a field can later accept more (e.g. draft_len="auto").
+
+`DEFAULTS` (method name -> field -> default) is the one table of defaults: the dataclass fields,
+the CLI and the README read it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable, ClassVar
+
+import numpy as np
+
+from ssd_jax.errors import InputError
+
+# The one table of defaults. L = 5 and K = 2 beat the alternatives wall-clock on CPU
+# (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
+# speculations per step (benchmarks/bench_ssd.py: SSD's build drafts L tokens for every slot).
+DEFAULTS: dict[str, dict] = {
+    "ar": {},
+    "sd": dict(draft_len=5),
+    "bv": dict(draft_len=5),
+    "specinfer": dict(draft_len=5, paths=2),
+    "spectr": dict(draft_len=5, paths=2),
+    "gbv": dict(draft_len=5, paths=2),
+    "pld": dict(draft_len=5, min_ngram=1, max_ngram=3),
+    "logitspec": dict(draft_len=5, topk=16, tree_size=64, max_ngram=3),
+    "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
+    "ssd": dict(draft_len=4, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
+                fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
+}
+# `generate` and `decode` default to AR (no draft needed); the `ssd-jax` command loads the
+# embedded pair and defaults to SD to show speculation.
+DEFAULT_METHOD = "ar"
+CLI_DEFAULT_METHOD = "sd"
+FANOUTS = ("geometric", "uniform")
+FALLBACKS = ("jit", "ngram", "auto")
+
+
+# ----------------------------------------------------------------------------------- field rules
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(name: str, value):
+    """An integer >= 1 (Python or NumPy; not bool) -> int."""
+    if not _is_int(value) or value < 1:
+        raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _optional(rule: Callable) -> Callable:
+    def check(name: str, value):
+        return None if value is None else rule(name, value)
+    return check
+
+
+def _choice(options: tuple) -> Callable:
+    def check(name: str, value):
+        if not isinstance(value, str) or value not in options:
+            raise InputError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+        return value
+    return check
+
+
+def _number_in(low: float, high: float, closed: bool) -> Callable:
+    def check(name: str, value):
+        if not _is_number(value) or math.isnan(value) or not (
+                (low <= value <= high) if closed else (low < value < high)):
+            brackets = f"[{low:g}, {high:g}]" if closed else f"({low:g}, {high:g})"
+            raise InputError(f"{name} must be a number in {brackets}, got {value!r}")
+        return float(value)
+    return check
+
+
+def _lenience(name: str, value):
+    if not _is_number(value) or not math.isfinite(value) or value < 1:
+        raise InputError(f"{name} must be a finite number >= 1 (1 = plain argmax acceptance), got {value!r}")
+    return float(value)
+
+
+def _k_matrix(name: str, value):
+    """Nested rows of integers >= 0 -> a tuple of tuples (its shape is checked against the
+    drafters at decode time, `ssd_jax.draft.cascade_schedule.parse_k_matrix`)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) == 0:
+        raise InputError(f"{name} must be a nested list of integers >= 0, got {value!r}")
+    rows = []
+    for r, row in enumerate(value):
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
+            raise InputError(f"{name} row {r} must be a list of integers >= 0, got {row!r}")
+        for c, entry in enumerate(row):
+            if not _is_int(entry) or entry < 0:
+                raise InputError(f"{name}[{r}][{c}] must be an integer >= 0, got {entry!r}")
+        rows.append(tuple(int(entry) for entry in row))
+    return tuple(rows)
+
+
+def _devices(name: str, value):
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise InputError(f"{name} must be a sequence of jax devices, got {value!r}")
+    return tuple(value)
+
+
+# ---------------------------------------------------------------------------------- the methods
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """Base of every method object. name: the method's short name (`generate(method="sd")`);
+    RULES: field -> rule(name, value) returning the normalised value or raising InputError."""
+
+    name: ClassVar[str] = ""
+    RULES: ClassVar[dict] = {}
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = self.RULES[field.name](field.name, getattr(self, field.name))
+            object.__setattr__(self, field.name, value)
+        self.check()
+
+    def check(self) -> None:
+        """Checks between fields (after each field's own rule)."""
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return False
+
+
+def _d(method: str, field: str):
+    return dataclasses.field(default=DEFAULTS[method][field])
+
+
+@dataclasses.dataclass(frozen=True)
+class AR(Method):
+    """Autoregressive decoding: one target call per token (the reference every method matches)."""
+
+    name: ClassVar[str] = "ar"
+
+
+@dataclasses.dataclass(frozen=True)
+class _SinglePath(Method):
+    draft_len: int = 5
+    RULES: ClassVar[dict] = dict(draft_len=positive_int)
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return True
+
+    @property
+    def paths(self) -> int:
+        return 1
+
+
+@dataclasses.dataclass(frozen=True)
+class SD(_SinglePath):
+    """Speculative decoding with a draft model, tokenwise verification (Leviathan et al.)."""
+
+    name: ClassVar[str] = "sd"
+    draft_len: int = _d("sd", "draft_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class BV(_SinglePath):
+    """Speculative decoding with a draft model, block verification (Sun et al.)."""
+
+    name: ClassVar[str] = "bv"
+    draft_len: int = _d("bv", "draft_len")
+
+
+@dataclasses.dataclass(frozen=True)
+class _MultiPath(Method):
+    draft_len: int = 5
+    paths: int = 2
+    RULES: ClassVar[dict] = dict(draft_len=positive_int, paths=positive_int)
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecInfer(_MultiPath):
+    """K i.i.d. draft paths in a token tree, recursive rejection sampling (SpecInfer)."""
+
+    name: ClassVar[str] = "specinfer"
+    draft_len: int = _d("specinfer", "draft_len")
+    paths: int = _d("specinfer", "paths")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecTr(_MultiPath):
+    """K i.i.d. draft paths in a token tree, k-sequential verification (SpecTr)."""
+
+    name: ClassVar[str] = "spectr"
+    draft_len: int = _d("spectr", "draft_len")
+    paths: int = _d("spectr", "paths")
+
+
+@dataclasses.dataclass(frozen=True)
+class GBV(_MultiPath):
+    """K i.i.d. draft paths in a token tree, greedy multi-path block verification."""
+
+    name: ClassVar[str] = "gbv"
+    draft_len: int = _d("gbv", "draft_len")
+    paths: int = _d("gbv", "paths")
+
+
+@dataclasses.dataclass(frozen=True)
+class PLD(Method):
+    """Prompt lookup: copy what followed the text's last n-gram (n = max_ngram..min_ngram)."""
+
+    name: ClassVar[str] = "pld"
+    draft_len: int = _d("pld", "draft_len")
+    min_ngram: int = _d("pld", "min_ngram")
+    max_ngram: int = _d("pld", "max_ngram")
+    RULES: ClassVar[dict] = dict(draft_len=positive_int, min_ngram=positive_int, max_ngram=positive_int)
+
+    def check(self) -> None:
+        if self.max_ngram < self.min_ngram:
+            raise InputError(f"max_ngram={self.max_ngram} is below min_ngram={self.min_ngram}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogitSpec(Method):
+    """Retrieval for the root and the last logit's top-k next-next guesses, a token tree of at
+    most tree_size nodes (root included); draft_len: the root's retrieved branch."""
+
+    name: ClassVar[str] = "logitspec"
+    draft_len: int = _d("logitspec", "draft_len")
+    topk: int = _d("logitspec", "topk")
+    tree_size: int = _d("logitspec", "tree_size")
+    max_ngram: int = _d("logitspec", "max_ngram")
+    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=positive_int,
+                                 max_ngram=positive_int)
+
+    def check(self) -> None:
+        if self.tree_size < 2:
+            raise InputError(f"tree_size must be >= 2 (the root and one draft token), got {self.tree_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CSD(Method):
+    """Cascade Speculative Drafting over `draft=(model, ..., [MaxGram])`, largest first.
+
+    k_matrix: (n+2) x (n+2) rows/columns target, drafters, Max-Gram (None: the default cascade
+    for the temperature, `ssd_jax.draft.cascade_schedule.default_cascade`); lenience: > 1 only at
+    temperature 0 (None: 2 there, else 1); max_ngram: Max-Gram's longest n-gram;
+    max_draft_tokens: the most draft tokens the target verifies per step (None: the default
+    cascade's cap without a k_matrix, else all)."""
+
+    name: ClassVar[str] = "csd"
+    k_matrix: tuple | None = _d("csd", "k_matrix")
+    lenience: float | None = _d("csd", "lenience")
+    max_ngram: int = _d("csd", "max_ngram")
+    max_draft_tokens: int | None = _d("csd", "max_draft_tokens")
+    RULES: ClassVar[dict] = dict(k_matrix=_optional(_k_matrix), lenience=_optional(_lenience),
+                                 max_ngram=positive_int, max_draft_tokens=_optional(positive_int))
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class SSD(Method):
+    """Speculative speculative decoding (Saguaro), host-driven across two device groups: only
+    `generate` runs it. fanout_acceptance / fanout_exponent: Saguaro's a and r (None: estimated
+    online); target_devices / draft_devices: None = the visible devices split in two."""
+
+    name: ClassVar[str] = "ssd"
+    draft_len: int = _d("ssd", "draft_len")
+    fanout_budget: int = _d("ssd", "fanout_budget")
+    fanout: str = _d("ssd", "fanout")
+    saguaro_c: float = _d("ssd", "saguaro_c")
+    fallback: str = _d("ssd", "fallback")
+    fanout_acceptance: float | None = _d("ssd", "fanout_acceptance")
+    fanout_exponent: float | None = _d("ssd", "fanout_exponent")
+    target_devices: tuple | None = _d("ssd", "target_devices")
+    draft_devices: tuple | None = _d("ssd", "draft_devices")
+    RULES: ClassVar[dict] = dict(
+        draft_len=positive_int, fanout_budget=positive_int, fanout=_choice(FANOUTS),
+        saguaro_c=_number_in(0.0, 1.0, closed=True), fallback=_choice(FALLBACKS),
+        fanout_acceptance=_optional(_number_in(0.0, 1.0, closed=False)),
+        fanout_exponent=_optional(_number_in(0.0, math.inf, closed=False)),
+        target_devices=_optional(_devices), draft_devices=_optional(_devices))
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return True
+
+
+METHOD_CLASSES: dict[str, type] = {cls.name: cls for cls in (AR, SD, BV, SpecInfer, SpecTr, GBV, PLD, LogitSpec,
+                                                             CSD, SSD)}
+METHODS = tuple(METHOD_CLASSES)
+SYNCHRONOUS = tuple(name for name in METHODS if name != "ssd")
+
+
+def as_method(method) -> Method:
+    """A method object, or a method name for its default object (`"gbv"` -> `GBV()`)."""
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, str) and method in METHOD_CLASSES:
+        return METHOD_CLASSES[method]()
+    if isinstance(method, type) and issubclass(method, Method) and method.name:
+        raise InputError(f"method must be a method object, got the class {method.__name__}; "
+                         f"use method={method.__name__}()")
+    if isinstance(method, str):
+        raise InputError(f"unknown method {method!r}; available: {', '.join(METHODS)}")
+    raise InputError(f"method must be a method object (ssd_jax.{', ssd_jax.'.join(c.__name__ for c in METHOD_CLASSES.values())}) "
+                     f"or one of the names {', '.join(METHODS)}; got {method!r:.80}")

@@ -1,0 +1,82 @@
+"""Method objects: every field of every method, good values accepted, bad ones refused naming the field."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ssd_jax
+from ssd_jax.errors import InputError
+from ssd_jax.methods import DEFAULTS, METHOD_CLASSES, as_method
+
+BAD_COUNTS = [0, -1, True, 2.0, "3", None]
+GOOD_COUNTS = [1, 7, np.int64(4), np.int32(2)]
+# method class -> field -> (good values, bad values); every field of every class appears.
+TABLE = {
+    ssd_jax.AR: {},
+    ssd_jax.SD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.BV: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.SpecInfer: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.SpecTr: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.GBV: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.PLD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), min_ngram=([1], BAD_COUNTS + [9]),
+                      max_ngram=([3, np.int64(5)], BAD_COUNTS)),
+    ssd_jax.LogitSpec: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), topk=(GOOD_COUNTS, BAD_COUNTS),
+                            tree_size=([2, 64, np.int64(8)], BAD_COUNTS + [1]), max_ngram=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.CSD: dict(k_matrix=([None, [[0, 3, 0], [0, 0, 2]], ((0, 1, 0), (0, 0, np.int64(1)), (0, 0, 0))],
+                                ["abc", 3, [[0, -1, 0]], [[0, 1.5, 0]], [[0, True, 0]], [], [3]]),
+                      lenience=([None, 1, 2.5, np.float32(3.0)], [0.5, 0, True, "2", float("inf"), float("nan")]),
+                      max_ngram=(GOOD_COUNTS, BAD_COUNTS),
+                      max_draft_tokens=([None] + GOOD_COUNTS, BAD_COUNTS[:-1])),
+    ssd_jax.SSD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), fanout_budget=(GOOD_COUNTS, BAD_COUNTS),
+                      fanout=(["geometric", "uniform"], ["tree", 1, None]),
+                      saguaro_c=([0, 0.3, 1.0, np.float64(0.5)], [-0.1, 1.5, True, "1", None, float("nan")]),
+                      fallback=(["jit", "ngram", "auto"], ["model", 0, None]),
+                      fanout_acceptance=([None, 0.5], [0.0, 1.0, 2, True, "x"]),
+                      fanout_exponent=([None, 0.5, 3], [0, -1, float("inf"), True, "x"]),
+                      target_devices=([None, ()], [3, "cpu"]), draft_devices=([None, ()], [3, "cpu"])),
+}
+CASES = [(cls, field, value, ok) for cls, fields in TABLE.items() for field, (good, bad) in fields.items()
+         for ok, values in ((True, good), (False, bad)) for value in values]
+
+
+def test_the_table_covers_every_field_of_every_method():
+    assert set(TABLE) == set(METHOD_CLASSES.values())
+    for cls, fields in TABLE.items():
+        import dataclasses
+        assert set(fields) == {f.name for f in dataclasses.fields(cls)}, cls
+        assert set(fields) == set(DEFAULTS[cls.name]), cls
+
+
+@pytest.mark.parametrize("cls, field, value, ok", CASES, ids=[f"{c.__name__}-{f}-{v!r}-{o}" for c, f, v, o in CASES])
+def test_field_values(cls, field, value, ok):
+    if ok:
+        method = cls(**{field: value})
+        assert hash(method) == hash(cls(**{field: getattr(method, field)}))
+    else:
+        with pytest.raises(InputError, match=field):
+            cls(**{field: value})
+
+
+def test_numpy_and_python_integers_make_equal_objects():
+    assert ssd_jax.SD(draft_len=np.int64(4)) == ssd_jax.SD(draft_len=4)
+    assert hash(ssd_jax.SD(draft_len=np.int64(4))) == hash(ssd_jax.SD(draft_len=4))
+    assert type(ssd_jax.GBV(paths=np.int32(3)).paths) is int
+    assert ssd_jax.SD(draft_len=4) != ssd_jax.BV(draft_len=4)
+
+
+def test_defaults_come_from_the_table_and_names_resolve():
+    for name, cls in METHOD_CLASSES.items():
+        method = as_method(name)
+        assert method == cls() and method.name == name
+        for field, default in DEFAULTS[name].items():
+            assert getattr(method, field) == default
+    with pytest.raises(InputError, match="use method=SD"):
+        as_method(ssd_jax.SD)
+    with pytest.raises(InputError, match="'beam'"):
+        as_method("beam")
+
+
+def test_cross_field_checks():
+    with pytest.raises(InputError, match="max_ngram=2 is below min_ngram=3"):
+        ssd_jax.PLD(min_ngram=3, max_ngram=2)
