@@ -293,7 +293,7 @@ def part_policy(args) -> list[dict]:
     from benchmarks.heldout_prompts import heldout_prompts
     from benchmarks.spec_harness import label, run_configs
     from ssd_jax import backend
-    from ssd_jax.engine import compiled
+    from ssd_jax.engine import compile_cache
 
     platform = backend.default_platform()
     original = backend.POLICIES[platform]
@@ -305,7 +305,7 @@ def part_policy(args) -> list[dict]:
     try:
         for attention in ("reference", "xla"):
             backend.POLICIES[platform] = dataclasses.replace(original, decode_attention=attention)
-            compiled.clear()
+            compile_cache.clear()
             results = run_configs(target, prompts, configs, 0.0, args.method_tokens, draft=draft, repeats=args.repeats)
             for (method, options), result in zip(configs, results):
                 rows.append(dict(model="embedded", decode_attention=attention, label=label(method, options),
@@ -322,7 +322,7 @@ def part_policy(args) -> list[dict]:
                 print(f"[f] {attention} 1B B={batch}: {rate:.0f} tok/s, {1000 * batch / rate:.3f} ms/step", flush=True)
     finally:
         backend.POLICIES[platform] = original
-        compiled.clear()
+        compile_cache.clear()
     return rows
 
 
@@ -368,7 +368,6 @@ def part_layout(args) -> list[dict]:
         for name, model in models.items():
             for unroll in (False, True):
                 autoregressive.unroll_layers = lambda model=None, unroll=unroll: unroll
-                autoregressive._LOOP_PARAMS._entries.clear() if hasattr(autoregressive._LOOP_PARAMS, "_entries") else None
                 prompts = [np.random.default_rng(0).integers(2, model.config.vocab_size, args.prompt_tokens).tolist()]
                 out = ssd_jax.generate(model, prompts, max_new_tokens=args.new_tokens, method="ar")
                 compile_s = out.stats["compile_time_s"]

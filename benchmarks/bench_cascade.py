@@ -39,7 +39,7 @@ import ssd_jax  # noqa: E402
 from benchmarks.common import (RESULTS_DIR, cpu_busy_fraction, format_table, load_average, machine_busy,  # noqa: E402
                                machine_info, write_json)
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
-from benchmarks.spec_harness import label, run_config  # noqa: E402
+from benchmarks.spec_harness import generate_kwargs, label, run_config  # noqa: E402
 from ssd_jax.draft.cascade_schedule import build_schedule, default_cascade, default_k_matrix  # noqa: E402
 from ssd_jax.models.kv_cache import init_cache  # noqa: E402
 from ssd_jax.models.transformer import decode_params, forward_cached  # noqa: E402
@@ -53,8 +53,8 @@ def cascade_stats(target, prompts, options: dict, temperature: float, new_tokens
     harness's keys (the same tokens as the timed passes)."""
     totals: dict = {}
     for i, prompt in enumerate(prompts):
-        stats = ssd_jax.generate(target, [prompt], max_new_tokens=new_tokens, method="csd", temperature=temperature,
-                                 key=jax.random.PRNGKey(i), **options).stats
+        stats = ssd_jax.generate(target, [prompt], key=jax.random.PRNGKey(i),
+                                 **generate_kwargs("csd", options, None, new_tokens, temperature)).stats
         for name in CASCADE_STATS:
             totals[name] = np.add(totals.get(name, 0), stats[name]).tolist()
     totals["review_acceptance_rate"] = [k / r if r else 0.0 for k, r in

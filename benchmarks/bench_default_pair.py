@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     for temperature in (0.0, 1.0):
         accepted = drafted = 0
         for i, prompt in enumerate(prompts):
-            out = ssd_jax.generate(target, [prompt], max_new_tokens=args.new_tokens, method="sd", draft=draft,
-                                   num_draft_tokens=5, temperature=temperature, key=jax.random.PRNGKey(i))
+            out = ssd_jax.generate(target, [prompt], max_new_tokens=args.new_tokens, method=ssd_jax.SD(draft_len=5),
+                                   draft=draft, temperature=temperature, key=jax.random.PRNGKey(i))
             accepted += out.stats["num_accepted_tokens"]
             drafted += out.stats["num_draft_tokens"]
         measured[f"sd_acceptance_rate_t{temperature:g}"] = accepted / drafted

@@ -124,9 +124,10 @@ def run_ssd(target, draft, prompts, temperature, new_tokens, options, *, sync_pr
     sync-timing runs on the first sync_prompts prompts for the programs' own latencies."""
     import jax
 
+    from benchmarks.spec_harness import method_object
     from ssd_jax.engine.prompts import prepare_prompts
     from ssd_jax.engine.ssd import generate_ssd
-    from ssd_jax.engine.ssd_options import ssd_options
+    from ssd_jax.generate import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature)
@@ -135,7 +136,7 @@ def run_ssd(target, draft, prompts, temperature, new_tokens, options, *, sync_pr
 
     def call(prompt, key, sync=False):
         batch = prepare_prompts([prompt], target.config, new_tokens)
-        kwargs = ssd_options(target, batch, new_tokens, dict(options, **devices))
+        kwargs = ssd_engine_options(method_object("ssd", dict(options, **devices)))
         return generate_ssd(target, draft, batch, new_tokens, sampling, key, sync_timing=sync, **kwargs).stats
 
     call(prompts[0], jax.random.PRNGKey(999))

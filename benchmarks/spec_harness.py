@@ -53,6 +53,28 @@ def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, r
     return result
 
 
+def method_object(method: str, options: dict):
+    """A configuration (method name, options named as in the labels: num_draft_tokens, num_paths,
+    tree_capacity, ...) -> its `ssd_jax.methods` object; `drafts` is not an option (see
+    `generate_kwargs`)."""
+    from ssd_jax.generate import OLD_OPTIONS
+    from ssd_jax.methods import METHOD_CLASSES
+
+    fields = {OLD_OPTIONS.get(k, k): v for k, v in options.items() if k != "drafts"}
+    return METHOD_CLASSES[method](**fields)
+
+
+def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperature: float) -> dict:
+    """`ssd_jax.generate`'s keyword arguments for one configuration: the method object, and the
+    draft (a list of drafters in options["drafts"] becomes CSD's tuple, largest first)."""
+    kwargs = dict(max_new_tokens=new_tokens, method=method_object(method, options), temperature=temperature)
+    if "drafts" in options:
+        kwargs["draft"] = tuple(options["drafts"])
+    elif method not in ("ar", "pld", "logitspec") and draft is not None:
+        kwargs["draft"] = draft
+    return kwargs
+
+
 def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: float, new_tokens: int, *,
                 batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> list[dict]:
     """Generates new_tokens for every prompt with every (method, options) configuration,
@@ -66,10 +88,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     mean_acceptance_length, acceptance_per_position; stats keys named in `extra` are summed.
     The draft is passed to every method but "ar" and the retrieval methods.
     """
-    no_draft = ("ar", "pld", "logitspec")
-    kwargs = [dict(max_new_tokens=new_tokens, method=method, temperature=temperature, **options,
-                   **({} if method in no_draft or draft is None else {"draft": draft}))
-              for method, options in configs]
+    kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature) for method, options in configs]
     groups = batches(prompts, batch_size)
     compile_s = [ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kw).stats["compile_time_s"]
                  for kw in kwargs]

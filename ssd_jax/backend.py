@@ -13,6 +13,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `fused_prefill_min_tokens` (shortest prompt bucket given to it) | 0 | 256 | 256 |
 | `decode_attention` (cached steps and token trees) | reference | xla | reference |
 | `logitspec_tree_size` (LogitSpec's default node budget) | 8 | 16 | 64 |
+| `min_decode_rows` (AR decodes at least this many rows) | 1 | 2 | 1 |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -30,6 +31,10 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   reference einsum end to end on an H100 (embedded pair, bf16, T=0: AR +9.5%, SD +12%,
   LogitSpec +7%, CSD +7%; `accelerator_*_policy.json`); on CPU the reference stays (measured
   equal or faster). TPU keeps the reference until measured.
+- Rows: on an H100 one AR step of the 1B shape took 1.47-1.51 ms at batch 1 and 1.21-1.26 ms at
+  batch 2 (bf16; `accelerator_*_policy.json`): XLA's one-row matrix-vector products read the
+  weights more slowly than its two-row products. AR therefore decodes a lone row beside a copy
+  of itself on GPU and drops the copy.
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
 
@@ -62,13 +67,15 @@ class Policy:
     decode_attention: str
     logitspec_tree_size: int
     fused_prefill_min_tokens: int = 0
+    min_decode_rows: int = 1
 
 
 POLICIES = {
     "cpu": Policy("cpu", dtype="float32", unroll_layers=True, prefill_attention="reference",
                   decode_attention="reference", logitspec_tree_size=8),
     "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
-                  decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256),
+                  decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
+                  min_decode_rows=2),
     "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
                   decode_attention="reference", logitspec_tree_size=64, fused_prefill_min_tokens=256),
 }

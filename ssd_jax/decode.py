@@ -17,7 +17,7 @@ import numpy as np
 from ssd_jax.engine.decoder import DecodeOutput, decode_arrays, split_cascade
 from ssd_jax.engine.prompts import row_keys
 from ssd_jax.errors import InputError
-from ssd_jax.methods import CSD, SSD, Method, as_method
+from ssd_jax.methods import CSD, SSD, Method, as_method, for_target
 from ssd_jax.model import Model
 from ssd_jax.pairing import check_same_tokenizer
 from ssd_jax.sampling import SamplingParams
@@ -154,6 +154,7 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     with the same key, the tokens equal `generate`'s.
     """
     method = as_method(method)
+    method = for_target(method, target) if isinstance(target, Model) else method
     if isinstance(method, SSD):
         raise InputError("method SSD is host-driven across two device groups and cannot run inside decode; "
                          "use ssd_jax.generate(target, prompts, method=SSD(...), draft=...)")

@@ -20,7 +20,7 @@ from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import bucket, prepare_prompts, row_keys
 from ssd_jax.engine.streaming import streaming_to
 from ssd_jax.errors import InputError
-from ssd_jax.methods import DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method  # noqa: F401
+from ssd_jax.methods import DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
 
@@ -123,6 +123,7 @@ def generate(
     if old_options:
         raise _old_options_error(method, old_options)
     method = as_method(method)
+    method = for_target(method, target) if isinstance(target, Model) else method
     if not isinstance(target, Model):
         return check_models(method, target, draft, SamplingParams())  # raises, naming the problem
     if stream is not None and not callable(stream):
@@ -154,8 +155,12 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
                   key, stream) -> GenerateOutput:
     from ssd_jax.engine.ssd import generate_ssd
 
-    return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
-                        num_draft_tokens=method.draft_len, fanout_budget=method.fanout_budget, fanout=method.fanout,
-                        saguaro_c=method.saguaro_c, fallback=method.fallback, target_devices=method.target_devices,
-                        draft_devices=method.draft_devices, fanout_acceptance=method.fanout_acceptance,
-                        fanout_exponent=method.fanout_exponent)
+    return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, **ssd_engine_options(method))
+
+
+def ssd_engine_options(method: SSD) -> dict:
+    """`ssd_jax.engine.ssd.generate_ssd`'s keyword options from an SSD method object."""
+    return dict(num_draft_tokens=method.draft_len, fanout_budget=method.fanout_budget, fanout=method.fanout,
+                saguaro_c=method.saguaro_c, fallback=method.fallback, target_devices=method.target_devices,
+                draft_devices=method.draft_devices, fanout_acceptance=method.fanout_acceptance,
+                fanout_exponent=method.fanout_exponent)

@@ -34,7 +34,8 @@ DEFAULTS: dict[str, dict] = {
     "spectr": dict(draft_len=5, paths=2),
     "gbv": dict(draft_len=5, paths=2),
     "pld": dict(draft_len=5, min_ngram=1, max_ngram=3),
-    "logitspec": dict(draft_len=5, topk=16, tree_size=64, max_ngram=3),
+    # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
+    "logitspec": dict(draft_len=5, topk=16, tree_size=None, max_ngram=3),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
     "ssd": dict(draft_len=4, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
@@ -237,18 +238,19 @@ class PLD(Method):
 @dataclasses.dataclass(frozen=True)
 class LogitSpec(Method):
     """Retrieval for the root and the last logit's top-k next-next guesses, a token tree of at
-    most tree_size nodes (root included); draft_len: the root's retrieved branch."""
+    most tree_size nodes (root included; None: the backend policy's size for the target's
+    platform, filled in by `for_target`); draft_len: the root's retrieved branch."""
 
     name: ClassVar[str] = "logitspec"
     draft_len: int = _d("logitspec", "draft_len")
     topk: int = _d("logitspec", "topk")
-    tree_size: int = _d("logitspec", "tree_size")
+    tree_size: int | None = _d("logitspec", "tree_size")
     max_ngram: int = _d("logitspec", "max_ngram")
-    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=positive_int,
+    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=_optional(positive_int),
                                  max_ngram=positive_int)
 
     def check(self) -> None:
-        if self.tree_size < 2:
+        if self.tree_size is not None and self.tree_size < 2:
             raise InputError(f"tree_size must be >= 2 (the root and one draft token), got {self.tree_size}")
 
 
@@ -307,6 +309,16 @@ METHOD_CLASSES: dict[str, type] = {cls.name: cls for cls in (AR, SD, BV, SpecInf
                                                              CSD, SSD)}
 METHODS = tuple(METHOD_CLASSES)
 SYNCHRONOUS = tuple(name for name in METHODS if name != "ssd")
+
+
+def for_target(method: Method, target) -> Method:
+    """The method with its backend-dependent defaults (fields left None that the backend policy
+    fills: LogitSpec's tree_size) set for the platform the target lives on."""
+    if isinstance(method, LogitSpec) and method.tree_size is None:
+        from ssd_jax.backend import policy_for
+
+        return dataclasses.replace(method, tree_size=policy_for(target).logitspec_tree_size)
+    return method
 
 
 def as_method(method) -> Method:

@@ -25,11 +25,11 @@ PACKAGE = os.path.dirname(os.path.abspath(ssd_jax.__file__))
 
 DOCUMENTED = {
     "cpu": dict(dtype="float32", unroll_layers=True, prefill_attention="reference", decode_attention="reference",
-                logitspec_tree_size=8, fused_prefill_min_tokens=0),
+                logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1),
     "gpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn", decode_attention="xla",
-                logitspec_tree_size=16, fused_prefill_min_tokens=256),
+                logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2),
     "tpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="xla", decode_attention="reference",
-                logitspec_tree_size=64, fused_prefill_min_tokens=256),
+                logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1),
 }
 
 
@@ -62,6 +62,8 @@ def test_platform_of_a_model_and_of_tracers():
     target, _ = ssd_jax.default_models()
     assert backend.platform_of(target) == "cpu"
     assert backend.policy_for(target).dtype == "float32"
+    assert ssd_jax.methods.for_target(ssd_jax.LogitSpec(), target).tree_size == 8  # the policy's size
+    assert ssd_jax.methods.for_target(ssd_jax.LogitSpec(tree_size=32), target).tree_size == 32
     assert target.params["embed"].dtype == jnp.float32  # load's default dtype follows the policy
     seen = []
     jax.jit(lambda p: seen.append(backend.platform_of(p)) or 0)(target.params)
@@ -168,12 +170,11 @@ def bf16_pair():
     return ssd_jax.default_models(dtype="bfloat16")
 
 
-BF16_METHODS = [("sd", {}), ("bv", {}), ("specinfer", {}), ("spectr", {}), ("gbv", {}), ("pld", {}),
-                ("logitspec", {"tree_capacity": 8}), ("csd", {})]
+BF16_METHODS = ["sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd"]
 
 
-@pytest.mark.parametrize("method, options", BF16_METHODS)
-def test_bfloat16_greedy_identity_with_bfloat16_ar(bf16_pair, method, options):
+@pytest.mark.parametrize("method", BF16_METHODS)
+def test_bfloat16_greedy_identity_with_bfloat16_ar(bf16_pair, method):
     """The accelerator dtype on CPU: every lossless method reproduces bf16 AR token for token."""
     target, draft = bf16_pair
     assert target.params["embed"].dtype == jnp.bfloat16
@@ -181,6 +182,26 @@ def test_bfloat16_greedy_identity_with_bfloat16_ar(bf16_pair, method, options):
     prompts = [encode("def fibonacci(n):\n").ids, encode("import os\nimport sys\n\nclass Config").ids]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=48, method="ar")
     uses_draft = method not in ("pld", "logitspec")
-    out = ssd_jax.generate(target, prompts, max_new_tokens=48, method=method,
-                           **({"draft": draft} if uses_draft else {}), **options)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=48, method=method, **({"draft": draft} if uses_draft else {}))
     assert out.tokens == reference.tokens
+
+
+def test_ar_padded_to_the_policy_rows_gives_the_same_tokens(monkeypatch):
+    """A policy asking for at least 3 decode rows (as GPU asks for 2): a lone row decodes beside
+    copies of itself and comes back alone, with the tokens of the unpadded decode, greedy and sampled."""
+    import dataclasses
+
+    from ssd_jax.engine import compile_cache
+
+    target, _ = ssd_jax.default_models()
+    ids = target.tokenizer.encode("def main():").ids
+    key = jax.random.PRNGKey(3)
+    plain = [ssd_jax.generate(target, [ids], max_new_tokens=20, temperature=t, key=key).tokens for t in (0.0, 1.0)]
+    monkeypatch.setitem(backend.POLICIES, "cpu", dataclasses.replace(backend.POLICIES["cpu"], min_decode_rows=3))
+    compile_cache.clear()
+    try:
+        padded = [ssd_jax.generate(target, [ids], max_new_tokens=20, temperature=t, key=key) for t in (0.0, 1.0)]
+    finally:
+        compile_cache.clear()
+    assert [p.tokens for p in padded] == plain
+    assert len(padded[0].finish_reasons) == 1

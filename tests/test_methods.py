@@ -22,7 +22,7 @@ TABLE = {
     ssd_jax.PLD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), min_ngram=([1], BAD_COUNTS + [9]),
                       max_ngram=([3, np.int64(5)], BAD_COUNTS)),
     ssd_jax.LogitSpec: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), topk=(GOOD_COUNTS, BAD_COUNTS),
-                            tree_size=([2, 64, np.int64(8)], BAD_COUNTS + [1]), max_ngram=(GOOD_COUNTS, BAD_COUNTS)),
+                            tree_size=([None, 2, 64, np.int64(8)], BAD_COUNTS[:-1] + [1]), max_ngram=(GOOD_COUNTS, BAD_COUNTS)),
     ssd_jax.CSD: dict(k_matrix=([None, [[0, 3, 0], [0, 0, 2]], ((0, 1, 0), (0, 0, np.int64(1)), (0, 0, 0))],
                                 ["abc", 3, [[0, -1, 0]], [[0, 1.5, 0]], [[0, True, 0]], [], [3]]),
                       lenience=([None, 1, 2.5, np.float32(3.0)], [0.5, 0, True, "2", float("inf"), float("nan")]),

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ssd_jax.backend import policy_for
 from ssd_jax.engine.autoregressive import ar_parts, in_loop_params
 from ssd_jax.engine.cascade import cascade_parts
 from ssd_jax.engine.retrieval import retrieval_parts
@@ -60,7 +61,15 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
                   *, method: Method, sampling: SamplingParams, eos_ids: tuple, out_size: int,
                   stream: bool = False) -> DecodeOutput:
     """Traced decode of right-padded tokens int32 [B, T] (lengths int32 [B]) with per-row keys
-    uint32 [B, 2]; at most max_new (int32 []) tokens per row in out_size slots; inputs trusted."""
+    uint32 [B, 2]; at most max_new (int32 []) tokens per row in out_size slots; inputs trusted.
+
+    AR with fewer rows than the backend policy's `min_decode_rows` runs on copies of row 0 added
+    up to that many (rows are independent, so row 0's copies change nothing) and returns the
+    real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`)."""
+    rows = tokens.shape[0]
+    extra = max(0, policy_for(target).min_decode_rows - rows) if isinstance(method, AR) and not stream else 0
+    if extra:
+        tokens, lengths, keys = (jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)]) for x in (tokens, lengths, keys))
     parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size)
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
     state = run(parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
@@ -68,5 +77,5 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     counters = dict(spec=state.counters)
     if isinstance(method, CSD):
         counters["reviews"] = state.inner.counters
-    return DecodeOutput(tokens=state.outputs.out, num_tokens=state.outputs.num_out,
-                        finish_reason=state.outputs.finish, counters=counters)
+    return DecodeOutput(tokens=state.outputs.out[:rows], num_tokens=state.outputs.num_out[:rows],
+                        finish_reason=state.outputs.finish[:rows], counters=counters)
