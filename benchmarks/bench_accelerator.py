@@ -147,7 +147,7 @@ def part_width(args) -> list[dict]:
     rows = []
     dtype = jnp.dtype(args.dtype)
     target, _ = ssd_jax.default_models()
-    models = {"embedded-target-f32": target}
+    models = {f"embedded-target-{jnp.dtype(target.dtype).name}": target}
     for shape in args.shapes.split(","):
         models[f"llama-{shape}-{dtype}"] = None
     context = 512
