@@ -157,3 +157,22 @@ def test_config_round_trips_through_hf_json(name):
     config = ModelConfig.from_hf(_hf(name, eos_token_id=2, bos_token_id=1))
     assert ModelConfig.from_hf(config.to_hf()) == config
     assert ModelConfig.from_hf(dataclasses.replace(config, hf_json="").to_hf()) == config
+
+
+def test_cli_generate_loads_new_families(hf_family, tmp_path):
+    """`ssd-jax generate --target` a converted Gemma 3 with an HF Phi-3 directory as the draft."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    target_dir = hf_to_ssd(hf_family("gemma3_text")[0], str(tmp_path / "gemma3"), progress=False)
+    draft_dir = hf_family("phi3")[0]
+    result = subprocess.run(
+        [sys.executable, "-m", "ssd_jax.cli", "generate", "--target", target_dir, "--draft", draft_dir,
+         "--method", "sd", "--prompt-ids", "3,4,5,6", "--max-new-tokens", "6", "--json"],
+        capture_output=True, text=True, timeout=600, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
+    assert result.returncode == 0, result.stderr
+    expected = ssd_jax.generate(ssd_jax.load(target_dir), [[3, 4, 5, 6]], max_new_tokens=6).tokens
+    assert json.loads(result.stdout)["tokens"] == expected

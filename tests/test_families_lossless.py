@@ -7,6 +7,8 @@ family x method matrix runs with `pytest -m slow`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -20,12 +22,23 @@ from ssd_jax.models.params import init_params
 DRAFT_METHODS = ("sd", "bv", "gbv", "specinfer", "spectr", "csd")
 RETRIEVAL_METHODS = ("pld", "logitspec")
 _MODELS: dict = {}
+# Draft noise per family: enough that drafts get rejected, little enough that they get accepted
+# (a random MoE's routing is fragile).
+NOISE = {"gemma": 0.2, "gemma2": 0.2, "gemma3_text": 0.2, "phi3": 0.1, "mixtral": 0.05}
 
 
 def family_model(name: str, seed: int = 0) -> ssd_jax.Model:
     """A random tiny model of family `name` (the parity test's shapes), cached per process."""
     if (name, seed) not in _MODELS:
-        config = ModelConfig.from_hf(dict(NEW_FAMILY_CONFIGS[name], bos_token_id=1, eos_token_id=2, pad_token_id=0))
+        hf = dict(NEW_FAMILY_CONFIGS[name], bos_token_id=1, eos_token_id=None, pad_token_id=0)
+        if name in ("gemma2", "gemma3_text"):
+            # Tied and scaled by sqrt(hidden), random embeddings dominate the sandwich-normed residual
+            # and these models repeat their input token forever; an untied head makes real text.
+            hf["tie_word_embeddings"] = False
+        config = ModelConfig.from_hf(hf)
+        if config.final_logit_softcap is not None:
+            # The parity configs' low caps saturate these random logits into ties; Gemma 2's is 30.
+            config = dataclasses.replace(config, final_logit_softcap=30.0)
         params = init_params(config, jax.random.PRNGKey(seed), scale=0.3)
         _MODELS[name, seed] = ssd_jax.Model(config=config, params=params)
     return _MODELS[name, seed]
@@ -41,7 +54,7 @@ def _check_lossless(target_name: str, draft_name: str | None, method: str) -> No
     target = family_model(target_name)
     draft = None
     if draft_name == target_name:
-        draft = noisy_copy(target, 0.5, 1)
+        draft = noisy_copy(target, NOISE[target_name], 1)
     elif draft_name is not None:
         draft = family_model(draft_name, seed=2)
     prompts = _prompts()
@@ -51,6 +64,8 @@ def _check_lossless(target_name: str, draft_name: str | None, method: str) -> No
     out = ssd_jax.generate(target, prompts, max_new_tokens=24, method=method, draft=draft, **options)
     assert out.tokens == reference.tokens, (target_name, draft_name, method)
     assert out.finish_reasons == reference.finish_reasons
+    if draft_name == target_name:  # a noisy copy agrees often: rollbacks and compactions happen
+        assert out.stats["num_accepted_tokens"] > 0
 
 
 FAST = [
