@@ -1,10 +1,13 @@
 """Hugging Face tensor names <-> our parameter pytree, as one table per family.
 
-Each row says where one HF tensor lives in our pytree and how it is transformed:
+Each row maps one HF tensor to one or more leaves of our pytree (`paths`); with several leaves the
+HF tensor is their concatenation along the last axis (after the transpose of a "linear" row):
+GPT-2's fused Conv1D c_attn, Phi-3's qkv_proj and gate_up_proj. Kinds:
   "copy"      same array;
-  "linear"    torch Linear weight [out, in] <-> our kernel [in, out] (a transpose);
-  "split_qkv" GPT-2's fused Conv1D c_attn ([in, 3*out] weight, [3*out] bias) <-> q, k, v.
+  "linear"    torch Linear weight [out, in] <-> our kernel [in, out] (a transpose).
 Per-layer rows carry "{i}" in the HF name; their arrays are stacked on our leading layer axis.
+Per-expert rows (Mixtral) also carry "{j}"; those arrays are stacked on our expert axis, which
+follows the layer axis ([N, E, ...]).
 """
 
 from __future__ import annotations
@@ -20,59 +23,99 @@ from ssd_jax.models.params import param_shapes
 
 
 class Row(NamedTuple):
-    hf_name: str  # may contain "{i}" (layer index)
-    path: tuple[str, ...]  # our pytree path; for split_qkv the parent of q/k/v
-    kind: str  # "copy" | "linear" | "split_qkv"
+    hf_name: str  # may contain "{i}" (layer index) and "{j}" (expert index)
+    paths: tuple[tuple[str, ...], ...]  # our pytree paths, concatenated on the last axis
+    kind: str  # "copy" | "linear"
+
+
+def _row(hf_name: str, path: tuple[str, ...], kind: str) -> Row:
+    """A row mapping one HF tensor to one leaf of ours."""
+    return Row(hf_name, (path,), kind)
+
+
+def _fused(hf_name: str, parts: tuple[str, ...], leaf: str, kind: str) -> Row:
+    """A row whose HF tensor concatenates layers/<part>/<leaf> for each part, in order."""
+    return Row(hf_name, tuple(("layers", part, leaf) for part in parts), kind)
 
 
 # HF tensors that carry no parameters of ours (buffers saved by old checkpoints).
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|attn\.bias|attn\.masked_bias)$")
 
 
+def _norm_rows(config: ModelConfig, pre: str) -> list[Row]:
+    """Per-layer norms: Llama's pair, or Gemma 2/3's four (`sandwich_norms`)."""
+    names = [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")]
+    if config.sandwich_norms:
+        names = [("input_layernorm", "attn_norm"), ("post_attention_layernorm", "post_attn_norm"),
+                 ("pre_feedforward_layernorm", "mlp_norm"), ("post_feedforward_layernorm", "post_mlp_norm")]
+    return [_row(pre + f"{hf}.weight", ("layers", ours, "scale"), "copy") for hf, ours in names]
+
+
+def _attention_rows(config: ModelConfig, pre: str) -> list[Row]:
+    if config.model_type == "phi3":
+        rows = [_fused(pre + "self_attn.qkv_proj.weight", ("q", "k", "v"), "kernel", "linear")]
+    else:
+        rows = [_row(pre + f"self_attn.{n}_proj.weight", ("layers", n, "kernel"), "linear") for n in "qkv"]
+    rows.append(_row(pre + "self_attn.o_proj.weight", ("layers", "o", "kernel"), "linear"))
+    if config.qkv_bias:
+        rows += [_row(pre + f"self_attn.{n}_proj.bias", ("layers", n, "bias"), "copy") for n in "qkv"]
+    if config.o_bias:
+        rows.append(_row(pre + "self_attn.o_proj.bias", ("layers", "o", "bias"), "copy"))
+    if config.qk_norm:
+        rows += [_row(pre + f"self_attn.{n}_norm.weight", ("layers", f"{n}_norm", "scale"), "copy") for n in "qk"]
+    return rows
+
+
+def _mlp_rows(config: ModelConfig, pre: str) -> list[Row]:
+    if config.mlp == "moe":  # Mixtral: router + experts w1 (gate), w3 (up), w2 (down)
+        moe = pre + "block_sparse_moe."
+        rows = [_row(moe + "gate.weight", ("layers", "router", "kernel"), "linear")]
+        for hf, ours in (("w1", "gate"), ("w3", "up"), ("w2", "down")):
+            rows.append(_row(moe + "experts.{j}." + hf + ".weight", ("layers", "experts", ours, "kernel"), "linear"))
+        return rows
+    if config.model_type == "phi3":
+        return [_fused(pre + "mlp.gate_up_proj.weight", ("gate", "up"), "kernel", "linear"),
+                _row(pre + "mlp.down_proj.weight", ("layers", "down", "kernel"), "linear")]
+    rows = []
+    for name in ("gate", "up", "down"):
+        rows.append(_row(pre + f"mlp.{name}_proj.weight", ("layers", name, "kernel"), "linear"))
+        if config.mlp_bias:
+            rows.append(_row(pre + f"mlp.{name}_proj.bias", ("layers", name, "bias"), "copy"))
+    return rows
+
+
 def _llama_rows(config: ModelConfig) -> list[Row]:
+    """Llama and the families sharing its names: Mistral, Qwen2/3, Gemma 1/2/3, Phi-3, Mixtral."""
     pre = "model.layers.{i}."
     rows = [
-        Row("model.embed_tokens.weight", ("embed",), "copy"),
-        Row("model.norm.weight", ("final_norm", "scale"), "copy"),
-        Row(pre + "input_layernorm.weight", ("layers", "attn_norm", "scale"), "copy"),
-        Row(pre + "post_attention_layernorm.weight", ("layers", "mlp_norm", "scale"), "copy"),
+        _row("model.embed_tokens.weight", ("embed",), "copy"),
+        _row("model.norm.weight", ("final_norm", "scale"), "copy"),
     ]
-    for name in ("q", "k", "v", "o"):
-        rows.append(Row(pre + f"self_attn.{name}_proj.weight", ("layers", name, "kernel"), "linear"))
-    if config.qkv_bias:
-        rows += [Row(pre + f"self_attn.{n}_proj.bias", ("layers", n, "bias"), "copy") for n in "qkv"]
-    if config.o_bias:
-        rows.append(Row(pre + "self_attn.o_proj.bias", ("layers", "o", "bias"), "copy"))
-    if config.qk_norm:
-        rows += [Row(pre + f"self_attn.{n}_norm.weight", ("layers", f"{n}_norm", "scale"), "copy") for n in "qk"]
-    for name in ("gate", "up", "down"):
-        rows.append(Row(pre + f"mlp.{name}_proj.weight", ("layers", name, "kernel"), "linear"))
-        if config.mlp_bias:
-            rows.append(Row(pre + f"mlp.{name}_proj.bias", ("layers", name, "bias"), "copy"))
+    rows += _norm_rows(config, pre) + _attention_rows(config, pre) + _mlp_rows(config, pre)
     if not config.tie_word_embeddings:
-        rows.append(Row("lm_head.weight", ("lm_head", "kernel"), "linear"))
+        rows.append(_row("lm_head.weight", ("lm_head", "kernel"), "linear"))
     return rows
 
 
 def _gpt2_rows(config: ModelConfig) -> list[Row]:
     pre = "transformer.h.{i}."
     rows = [
-        Row("transformer.wte.weight", ("embed",), "copy"),
-        Row("transformer.wpe.weight", ("pos_embed",), "copy"),
-        Row(pre + "attn.c_attn.weight", ("layers", "qkv", "kernel"), "split_qkv"),
-        Row(pre + "attn.c_attn.bias", ("layers", "qkv", "bias"), "split_qkv"),
+        _row("transformer.wte.weight", ("embed",), "copy"),
+        _row("transformer.wpe.weight", ("pos_embed",), "copy"),
+        # Conv1D already stores [in, out]; c_attn is q, k, v side by side.
+        _fused(pre + "attn.c_attn.weight", ("q", "k", "v"), "kernel", "copy"),
+        _fused(pre + "attn.c_attn.bias", ("q", "k", "v"), "bias", "copy"),
     ]
     for hf, ours in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-        rows.append(Row(pre + f"{hf}.weight", ("layers", ours, "scale"), "copy"))
-        rows.append(Row(pre + f"{hf}.bias", ("layers", ours, "bias"), "copy"))
+        rows.append(_row(pre + f"{hf}.weight", ("layers", ours, "scale"), "copy"))
+        rows.append(_row(pre + f"{hf}.bias", ("layers", ours, "bias"), "copy"))
     for hf, ours in (("attn.c_proj", "o"), ("mlp.c_fc", "fc"), ("mlp.c_proj", "proj")):
-        # Conv1D already stores [in, out].
-        rows.append(Row(pre + f"{hf}.weight", ("layers", ours, "kernel"), "copy"))
-        rows.append(Row(pre + f"{hf}.bias", ("layers", ours, "bias"), "copy"))
-    rows.append(Row("transformer.ln_f.weight", ("final_norm", "scale"), "copy"))
-    rows.append(Row("transformer.ln_f.bias", ("final_norm", "bias"), "copy"))
+        rows.append(_row(pre + f"{hf}.weight", ("layers", ours, "kernel"), "copy"))
+        rows.append(_row(pre + f"{hf}.bias", ("layers", ours, "bias"), "copy"))
+    rows.append(_row("transformer.ln_f.weight", ("final_norm", "scale"), "copy"))
+    rows.append(_row("transformer.ln_f.bias", ("final_norm", "bias"), "copy"))
     if not config.tie_word_embeddings:
-        rows.append(Row("lm_head.weight", ("lm_head", "kernel"), "linear"))
+        rows.append(_row("lm_head.weight", ("lm_head", "kernel"), "linear"))
     return rows
 
 
@@ -99,14 +142,20 @@ def _set(tree: dict, path: tuple[str, ...], value) -> None:
     tree[path[-1]] = value
 
 
-def _expected_hf_shape(config: ModelConfig, row: Row, shapes: dict) -> tuple[int, ...]:
-    if row.kind == "split_qkv":
-        leaf = row.path[-1]
-        q = _get(shapes, ("layers", "q", leaf))[1:]
-        return q[:-1] + (3 * q[-1],)
-    shape = _get(shapes, row.path)
-    if row.path[0] == "layers":
-        shape = shape[1:]
+def _leading_axes(row: Row) -> int:
+    """How many of our leaf's leading axes the row's indices stack on (layer, then expert)."""
+    return ("{i}" in row.hf_name) + ("{j}" in row.hf_name)
+
+
+def _indices(config: ModelConfig, row: Row) -> list[tuple[int | None, int | None]]:
+    layers = range(config.num_layers) if "{i}" in row.hf_name else [None]
+    experts = range(config.num_experts) if "{j}" in row.hf_name else [None]
+    return [(i, j) for i in layers for j in experts]
+
+
+def _expected_hf_shape(row: Row, shapes: dict) -> tuple[int, ...]:
+    leaves = [_get(shapes, path)[_leading_axes(row):] for path in row.paths]
+    shape = leaves[0][:-1] + (sum(leaf[-1] for leaf in leaves),)
     return shape[::-1] if row.kind == "linear" else shape
 
 
@@ -122,14 +171,13 @@ def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
     used: set[str] = set()
     params: dict = {}
     for row in mapping_rows(config):
-        layer_ids = range(config.num_layers) if "{i}" in row.hf_name else [None]
-        per_layer = []
-        for i in layer_ids:
-            name = row.hf_name.format(i=i)
+        expected = _expected_hf_shape(row, shapes)
+        arrays = []
+        for i, j in _indices(config, row):
+            name = row.hf_name.format(i=i, j=j)
             if name not in names:
                 raise CheckpointError(f"checkpoint is missing tensor {name!r}")
             array = np.asarray(tensors[names[name]])
-            expected = _expected_hf_shape(config, row, shapes)
             if tuple(array.shape) != tuple(expected):
                 raise CheckpointError(
                     f"tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(expected)} for this config"
@@ -137,14 +185,12 @@ def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
             used.add(name)
             if on_tensor is not None:
                 on_tensor()
-            per_layer.append(array.T if row.kind == "linear" else array)
-        stacked = np.stack(per_layer) if layer_ids != [None] else per_layer[0]
-        if row.kind == "split_qkv":
-            q, k, v = np.split(stacked, 3, axis=-1)
-            for part, value in zip("qkv", (q, k, v)):
-                _set(params, ("layers", part, row.path[-1]), value.astype(dtype))
-        else:
-            _set(params, row.path, stacked.astype(dtype))
+            arrays.append(array.T if row.kind == "linear" else array)
+        lead = tuple(n for n, key in ((config.num_layers, "{i}"), (config.num_experts, "{j}")) if key in row.hf_name)
+        stacked = np.stack(arrays).reshape(lead + arrays[0].shape) if lead else arrays[0]
+        sizes = [_get(shapes, path)[-1] for path in row.paths]
+        for path, part in zip(row.paths, np.split(stacked, np.cumsum(sizes)[:-1], axis=-1)):
+            _set(params, path, part.astype(dtype))
     tied_head = config.tie_word_embeddings and "lm_head.weight" in names
     unexpected = sorted(n for n in names if n not in used and not _IGNORED.search(n) and not (tied_head and n == "lm_head.weight"))
     if unexpected:
@@ -158,15 +204,8 @@ def params_to_hf(config: ModelConfig, params: dict) -> dict[str, np.ndarray]:
     """Our params -> {HF name: numpy array} in the params' dtype, ready for safetensors."""
     out: dict[str, np.ndarray] = {}
     for row in mapping_rows(config):
-        if row.kind == "split_qkv":
-            leaf = row.path[-1]
-            stacked = np.concatenate([np.asarray(params["layers"][p][leaf]) for p in "qkv"], axis=-1)
-        else:
-            stacked = np.asarray(_get(params, row.path))
-        if "{i}" not in row.hf_name:
-            out[row.hf_name] = np.ascontiguousarray(stacked.T if row.kind == "linear" else stacked)
-            continue
-        for i in range(config.num_layers):
-            array = stacked[i]
-            out[row.hf_name.format(i=i)] = np.ascontiguousarray(array.T if row.kind == "linear" else array)
+        stacked = np.concatenate([np.asarray(_get(params, path)) for path in row.paths], axis=-1)
+        for i, j in _indices(config, row):
+            array = stacked[tuple(k for k in (i, j) if k is not None)]
+            out[row.hf_name.format(i=i, j=j)] = np.ascontiguousarray(array.T if row.kind == "linear" else array)
     return out

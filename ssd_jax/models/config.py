@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from ssd_jax.errors import ConfigError
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gpt2", "gemma", "gemma2", "gemma3_text", "phi3", "mixtral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 _ARCHITECTURES = {
@@ -21,7 +21,16 @@ _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+    "gemma": "GemmaForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+NORMS = ("rms", "layer", "rms_1p")
+MLPS = ("gated", "plain", "moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +49,20 @@ class RopeConfig:
 class ModelConfig:
     """Architecture of a decoder-only transformer.
 
-    Attributes mirror the Hugging Face names where one exists. `norm` is "rms" or "layer";
-    `positions` is "rope" or "learned"; `mlp` is "gated" (SwiGLU) or "plain" (fc -> act -> proj).
-    `hf_json` keeps the original config.json text so a round trip writes it back unchanged.
+    Attributes mirror the Hugging Face names where one exists. `norm` is "rms", "layer" or
+    "rms_1p" (Gemma's RMSNorm: the stored scale w is applied as 1 + w, in float32);
+    `positions` is "rope" or "learned"; `mlp` is "gated" (SwiGLU/GeGLU), "plain"
+    (fc -> act -> proj) or "moe" (a router picking `experts_per_token` of `num_experts` gated
+    experts per token, Mixtral). `hf_json` keeps the original config.json text so a round trip
+    writes it back unchanged.
+
+    Gemma-family switches: `embed_scale` multiplies embeddings by sqrt(hidden_size);
+    `sandwich_norms` adds norms on the attention and MLP outputs before each residual;
+    `query_pre_attn_scalar` replaces head_dim in the 1/sqrt scaling of attention scores;
+    `attn_logit_softcap` / `final_logit_softcap` apply cap * tanh(x / cap) to attention scores /
+    final logits. Per-layer attention: `layer_types` is empty (every layer uses `sliding_window`,
+    if set) or one of "sliding_attention" / "full_attention" per layer; `rope_local` is the RoPE
+    of the sliding layers when it differs from `rope` (Gemma 3).
     """
 
     model_type: str
@@ -66,6 +86,15 @@ class ModelConfig:
     qk_norm: bool = False
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()
+    rope_local: RopeConfig | None = None
+    embed_scale: bool = False
+    sandwich_norms: bool = False
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    num_experts: int = 0
+    experts_per_token: int = 0
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
@@ -91,7 +120,33 @@ class ModelConfig:
                 f"unsupported rope scaling type {self.rope.rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
             )
         if self.activation not in _ACTIVATIONS:
-            raise ConfigError(f"unsupported activation {self.activation!r}; supported: {', '.join(_ACTIVATIONS)}")
+            raise ConfigError(f"unsupported activation (hidden_act) {self.activation!r}; supported: {', '.join(_ACTIVATIONS)}")
+        if self.norm not in NORMS or self.mlp not in MLPS:
+            raise ConfigError(f"unsupported norm {self.norm!r} or mlp {self.mlp!r}; supported: {NORMS}, {MLPS}")
+        self._check_layer_types()
+        if self.mlp == "moe" and not 1 <= self.experts_per_token <= self.num_experts:
+            raise ConfigError(
+                f"num_experts_per_tok={self.experts_per_token} must be between 1 and "
+                f"num_local_experts={self.num_experts}"
+            )
+
+    def _check_layer_types(self) -> None:
+        if not self.layer_types:
+            return
+        if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= {SLIDING, FULL}:
+            raise ConfigError(
+                f"layer_types {list(self.layer_types)!r} must name {self.num_layers} layers, each "
+                f"{SLIDING!r} or {FULL!r}"
+            )
+        if SLIDING in self.layer_types and self.sliding_window is None:
+            raise ConfigError("layer_types has sliding_attention layers but sliding_window is null")
+
+    @property
+    def layer_windows(self) -> tuple[int | None, ...]:
+        """The attention window of each layer (None: global), a static tuple of num_layers."""
+        if not self.layer_types:
+            return (self.sliding_window,) * self.num_layers
+        return tuple(self.sliding_window if kind == SLIDING else None for kind in self.layer_types)
 
     @property
     def num_groups(self) -> int:
@@ -104,7 +159,9 @@ class ModelConfig:
         d, f, v, hd = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
         attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
         mlp = d * f * (3 if self.mlp == "gated" else 2)
-        per_layer = attn + mlp + 2 * d
+        if self.mlp == "moe":
+            mlp = self.num_experts * (3 * d * f + d)
+        per_layer = attn + mlp + (4 if self.sandwich_norms else 2) * d
         total = self.num_layers * per_layer + v * d + d
         if not self.tie_word_embeddings:
             total += v * d
@@ -126,6 +183,7 @@ class ModelConfig:
             )
         try:
             fields = _gpt2_fields(hf) if model_type == "gpt2" else _llama_like_fields(model_type, hf)
+            fields.update(_FAMILY_FIELDS.get(model_type, lambda hf: {})(hf))
         except KeyError as missing:
             raise ConfigError(f"config.json for model_type {model_type!r} lacks field {missing}") from None
         eos = hf.get("eos_token_id")
@@ -169,19 +227,14 @@ class ModelConfig:
             max_position_embeddings=self.max_position_embeddings, rms_norm_eps=self.norm_eps,
             hidden_act=self.activation,
         )
-        rope: dict[str, Any] = {"rope_type": self.rope.rope_type, "rope_theta": self.rope.theta}
-        if self.rope.rope_type in ("linear", "llama3"):
-            rope["factor"] = self.rope.factor
-        if self.rope.rope_type == "llama3":
-            rope.update(
-                low_freq_factor=self.rope.low_freq_factor,
-                high_freq_factor=self.rope.high_freq_factor,
-                original_max_position_embeddings=self.rope.original_max_position_embeddings,
-            )
+        rope = _rope_to_hf(self.rope)
         # Both spellings: transformers >= 5 reads rope_parameters, older releases rope_theta/rope_scaling.
         out["rope_parameters"] = rope
         out["rope_theta"] = self.rope.theta
         out["rope_scaling"] = None if self.rope.rope_type == "default" else dict(rope, type=self.rope.rope_type)
+        if self.model_type.startswith("gemma") or self.model_type in ("phi3", "mixtral"):
+            out.update(_family_to_hf(self))
+            return out
         if self.model_type in ("llama", "qwen3"):
             out["attention_bias"] = self.qkv_bias
         if self.model_type == "llama":
@@ -198,13 +251,18 @@ _ACTIVATIONS = ("silu", "gelu_new", "gelu_pytorch_tanh", "gelu", "relu")
 
 def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
     params = dict(hf.get("rope_parameters") or {})
+    if FULL in params:  # per-layer-type RoPE: Gemma 3, read by `_gemma3_fields`
+        params = dict(params[FULL])
     scaling = dict(hf.get("rope_scaling") or {})
-    merged = {**scaling, **params}
+    return _rope_from_dict({**scaling, **params}, hf)
+
+
+def _rope_from_dict(merged: Mapping[str, Any], hf: Mapping[str, Any]) -> RopeConfig:
     theta = merged.get("rope_theta", hf.get("rope_theta", 10000.0))
     rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise ConfigError(
-            f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            f"unsupported rope scaling type rope_type={rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
         )
     return RopeConfig(
         theta=float(theta),
@@ -216,6 +274,131 @@ def _rope_from_hf(hf: Mapping[str, Any]) -> RopeConfig:
             merged.get("original_max_position_embeddings", hf.get("max_position_embeddings", 8192))
         ),
     )
+
+
+def _rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"rope_type": rope.rope_type, "rope_theta": rope.theta}
+    if rope.rope_type in ("linear", "llama3"):
+        out["factor"] = rope.factor
+    if rope.rope_type == "llama3":
+        out.update(
+            low_freq_factor=rope.low_freq_factor,
+            high_freq_factor=rope.high_freq_factor,
+            original_max_position_embeddings=rope.original_max_position_embeddings,
+        )
+    return out
+
+
+def _family_to_hf(config: "ModelConfig") -> dict[str, Any]:
+    """The config.json keys of the Gemma, Phi-3 and Mixtral families (see `_FAMILY_FIELDS`)."""
+    out: dict[str, Any] = {"sliding_window": config.sliding_window, "attention_bias": config.qkv_bias}
+    if config.model_type.startswith("gemma"):
+        out["hidden_activation"] = config.activation
+    if config.model_type in ("gemma2", "gemma3_text"):
+        out.update(
+            query_pre_attn_scalar=_int_if_whole(config.query_pre_attn_scalar),
+            attn_logit_softcapping=config.attn_logit_softcap,
+            final_logit_softcapping=config.final_logit_softcap,
+            layer_types=list(config.layer_types),
+        )
+    if config.model_type == "gemma3_text":
+        local = config.rope_local or config.rope
+        out["rope_parameters"] = {FULL: _rope_to_hf(config.rope), SLIDING: _rope_to_hf(local)}
+        out["rope_local_base_freq"] = local.theta
+    if config.model_type == "mixtral":
+        out.update(num_local_experts=config.num_experts, num_experts_per_tok=config.experts_per_token)
+        out.pop("attention_bias")
+    return out
+
+
+def _refuse(hf: Mapping[str, Any], key: str, supported) -> None:
+    """ConfigError naming `key` and its value when the value is not in `supported`."""
+    value = hf.get(key)
+    if value not in supported:
+        raise ConfigError(
+            f"config key {key}={value!r} of model_type {hf.get('model_type')!r} is not supported "
+            f"(supported: {', '.join(repr(v) for v in supported)})"
+        )
+
+
+def _layer_types(hf: Mapping[str, Any], default_pattern: int) -> tuple[str, ...]:
+    """Gemma 2/3 local/global layer pattern: `layer_types`, or every `sliding_window_pattern`-th
+    layer global (the rule transformers applies to configs without `layer_types`)."""
+    if hf.get("layer_types"):
+        return tuple(hf["layer_types"])
+    pattern = hf.get("sliding_window_pattern") or hf.get("_sliding_window_pattern") or default_pattern
+    return tuple(SLIDING if (i + 1) % pattern else FULL for i in range(hf["num_hidden_layers"]))
+
+
+def _gemma_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    _refuse(hf, "use_bidirectional_attention", (None, False))
+    # Gemma 1 checkpoints name the MLP activation hidden_activation (preferred) or hidden_act.
+    act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+    return dict(
+        norm="rms_1p", embed_scale=True, activation=act,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+        o_bias=bool(hf.get("attention_bias", False)), sliding_window=None,
+    )
+
+
+def _gemma2_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    fields = _gemma_fields(hf)
+    fields.update(
+        activation=hf.get("hidden_activation") or "gelu_pytorch_tanh",
+        sandwich_norms=True,
+        query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+        attn_logit_softcap=_optional_float(hf.get("attn_logit_softcapping")),
+        final_logit_softcap=_optional_float(hf.get("final_logit_softcapping")),
+        sliding_window=hf.get("sliding_window"),
+        layer_types=_layer_types(hf, 2),
+    )
+    return fields
+
+
+def _gemma3_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    fields = _gemma2_fields(hf)
+    fields.update(layer_types=_layer_types(hf, 6), qk_norm=True)
+    params = dict(hf.get("rope_parameters") or {})
+    full = {**dict(params.get(FULL) or {}), **dict(hf.get("rope_scaling") or {})}
+    full.setdefault("rope_theta", hf.get("rope_theta", 1_000_000.0))
+    local = dict(params.get(SLIDING) or {})
+    local.setdefault("rope_theta", hf.get("rope_local_base_freq", 10_000.0))
+    fields.update(rope=_rope_from_dict(full, hf), rope_local=_rope_from_dict(local, hf))
+    return fields
+
+
+def _phi3_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    rope = {**dict(hf.get("rope_scaling") or {}), **dict(hf.get("rope_parameters") or {})}
+    factor = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if factor != 1.0:
+        raise ConfigError(f"config key partial_rotary_factor={factor!r} of model_type 'phi3' is not supported (only 1.0)")
+    return dict(qkv_bias=False, o_bias=False, mlp_bias=False)
+
+
+def _mixtral_fields(hf: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(
+        mlp="moe", num_experts=int(hf.get("num_local_experts", 8)),
+        experts_per_token=int(hf.get("num_experts_per_tok", 2)), qkv_bias=False, o_bias=False, mlp_bias=False,
+    )
+
+
+def _int_if_whole(value: float | None) -> int | float | None:
+    """transformers' strict Gemma configs want an int query_pre_attn_scalar."""
+    return int(value) if value is not None and float(value).is_integer() else value
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None else float(value)
+
+
+# Per-family overrides of the Llama-like fields, applied by `ModelConfig.from_hf`.
+_FAMILY_FIELDS = {
+    "gemma": _gemma_fields,
+    "gemma2": _gemma2_fields,
+    "gemma3_text": _gemma3_fields,
+    "phi3": _phi3_fields,
+    "mixtral": _mixtral_fields,
+}
 
 
 def _llama_like_fields(model_type: str, hf: Mapping[str, Any]) -> dict[str, Any]:

@@ -20,6 +20,23 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return scale * normed.astype(x.dtype)
 
 
+def rms_norm_1p(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """Gemma's RMSNorm: the normalised x times (1 + scale), all in float32, then cast to x.dtype.
+
+    x: [..., D]; scale: [D] (stored as w, applied as 1 + w).
+    """
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (normed * (1.0 + scale.astype(jnp.float32))).astype(x.dtype)
+
+
+def softcap(x: jax.Array, cap: float | None) -> jax.Array:
+    """cap * tanh(x / cap) (Gemma 2's soft-capping of attention scores and logits); None: x."""
+    if cap is None:
+        return x
+    return cap * jnp.tanh(x / cap)
+
+
 def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> jax.Array:
     """LayerNorm in float32. x: [..., D]; scale, bias: [D]."""
     x32 = x.astype(jnp.float32)
@@ -30,9 +47,11 @@ def layer_norm(x: jax.Array, scale: jax.Array, bias: jax.Array, eps: float) -> j
 
 
 def norm(config: ModelConfig, x: jax.Array, p: dict) -> jax.Array:
-    """The family's norm with parameters `p` ({'scale'} or {'scale', 'bias'})."""
+    """The family's norm with parameters `p` ({'scale'} or {'scale', 'bias'}) over x's last axis."""
     if config.norm == "layer":
         return layer_norm(x, p["scale"], p["bias"], config.norm_eps)
+    if config.norm == "rms_1p":
+        return rms_norm_1p(x, p["scale"], config.norm_eps)
     return rms_norm(x, p["scale"], config.norm_eps)
 
 

@@ -8,8 +8,11 @@ Layout (per-layer leaves stacked on a leading axis of size num_layers; kernels a
     layers/o/kernel [N, H*hd, D]             layers/o/bias         (o_bias)
     layers/{q_norm,k_norm}/scale [N, hd]     (qk_norm)
     layers/mlp_norm/{scale[, bias]} [N, D]
+    layers/{post_attn_norm,post_mlp_norm}/scale [N, D]                  (sandwich_norms)
     layers/{gate,up}/kernel [N, D, F], layers/down/kernel [N, F, D]      (gated MLP)
     layers/fc/kernel [N, D, F], layers/proj/kernel [N, F, D] (+ biases)   (plain MLP)
+    layers/router/kernel [N, D, E]                                       (MoE, see models/moe.py;
+    layers/experts/{gate,up}/kernel [N, E, D, F], .../down/kernel [N, E, F, D]   E: expert axis)
     final_norm/{scale[, bias]} [D]          lm_head/kernel [D, V]     (untied only)
 """
 
@@ -51,7 +54,18 @@ def param_shapes(config: ModelConfig) -> dict:
     if config.qk_norm:
         layers["q_norm"] = {"scale": n + (hd,)}
         layers["k_norm"] = {"scale": n + (hd,)}
-    if config.mlp == "gated":
+    if config.sandwich_norms:
+        layers["post_attn_norm"] = _norm_shapes(config, n, d)
+        layers["post_mlp_norm"] = _norm_shapes(config, n, d)
+    if config.mlp == "moe":
+        e = (config.num_experts,)
+        layers["router"] = _dense_shapes(n, d, config.num_experts, False)
+        layers["experts"] = {
+            "gate": _dense_shapes(n + e, d, f, False),
+            "up": _dense_shapes(n + e, d, f, False),
+            "down": _dense_shapes(n + e, f, d, False),
+        }
+    elif config.mlp == "gated":
         layers["gate"] = _dense_shapes(n, d, f, config.mlp_bias)
         layers["up"] = _dense_shapes(n, d, f, config.mlp_bias)
         layers["down"] = _dense_shapes(n, f, d, config.mlp_bias)
@@ -72,7 +86,7 @@ def _is_shape(x) -> bool:
 
 def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: float = 0.02) -> dict:
     """Random parameters: normal(0, scale) matrices (output projections scaled by 1/sqrt(2N)),
-    unit norm scales and zero biases."""
+    unit norm scales (zero for "rms_1p", which applies 1 + scale) and zero biases."""
     shapes = param_shapes(config)
     flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=_is_shape)
     keys = jax.random.split(key, len(flat))
@@ -80,7 +94,7 @@ def init_params(config: ModelConfig, key: jax.Array, dtype=jnp.float32, scale: f
     for (path, shape), k in zip(flat, keys):
         name = "/".join(str(getattr(p, "key", p)) for p in path)
         if name.endswith("scale"):
-            leaves.append(jnp.ones(shape, dtype))
+            leaves.append((jnp.zeros if config.norm == "rms_1p" else jnp.ones)(shape, dtype))
         elif name.endswith("bias"):
             leaves.append(jnp.zeros(shape, dtype))
         else:

@@ -21,7 +21,9 @@ from ssd_jax.backend import policy_for
 from ssd_jax.models.attention import causal_attention, masked_attention
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
-from ssd_jax.models.layers import activation, apply_rope, norm, rms_norm, rope_inv_freq
+from ssd_jax.models.layer_pattern import LayerIndex, inv_freq_for_layer, layer_masks, mask_for_layer
+from ssd_jax.models.layers import activation, apply_rope, norm, softcap
+from ssd_jax.models.moe import moe_mlp
 
 
 def _dense(x: jax.Array, p: dict) -> jax.Array:
@@ -34,21 +36,25 @@ def _dense(x: jax.Array, p: dict) -> jax.Array:
 def embed(params: dict, config: ModelConfig, tokens: jax.Array, positions: jax.Array) -> jax.Array:
     """tokens, positions: int32 [B, T] -> hidden [B, T, D] in the params dtype."""
     x = jnp.take(params["embed"], tokens, axis=0)
+    if config.embed_scale:  # Gemma: sqrt(hidden) rounded to the params dtype, as transformers does
+        x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     if config.positions == "learned":
         x = x + jnp.take(params["pos_embed"], positions, axis=0, mode="clip")
     return x
 
 
 def lm_head(params: dict, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-    """hidden [..., D] -> float32 logits [..., V] (final norm included)."""
+    """hidden [..., D] -> float32 logits [..., V] (final norm and final soft-capping included)."""
     h = norm(config, hidden, params["final_norm"])
     # A tied model's params may carry an explicit (transposed) head: see `decode_params`.
     kernel = params["lm_head"]["kernel"] if "lm_head" in params else params["embed"].T
-    return jnp.einsum("...d,dv->...v", h, kernel, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("...d,dv->...v", h, kernel, preferred_element_type=jnp.float32)
+    return softcap(logits, config.final_logit_softcap)
 
 
-def _project_qkv(config: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array):
-    """x [B,T,D] -> q [B,T,H,hd], k and v [B,T,KVH,hd], rotated where the family uses RoPE."""
+def _project_qkv(config: ModelConfig, lp: dict, x: jax.Array, positions: jax.Array, layer: LayerIndex):
+    """x [B,T,D] -> q [B,T,H,hd], k and v [B,T,KVH,hd], rotated where the family uses RoPE
+    (with the RoPE of `layer`, see `layer_pattern.inv_freq_for_layer`)."""
     b, t, _ = x.shape
     if "qkv" in lp:  # fused by `decode_params`
         q_size, kv_size = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
@@ -59,10 +65,10 @@ def _project_qkv(config: ModelConfig, lp: dict, x: jax.Array, positions: jax.Arr
     k = k.reshape(b, t, config.num_kv_heads, config.head_dim)
     v = v.reshape(b, t, config.num_kv_heads, config.head_dim)
     if config.qk_norm:
-        q = rms_norm(q, lp["q_norm"]["scale"], config.norm_eps)
-        k = rms_norm(k, lp["k_norm"]["scale"], config.norm_eps)
+        q = norm(config, q, lp["q_norm"])
+        k = norm(config, k, lp["k_norm"])
     if config.positions == "rope":
-        inv_freq = rope_inv_freq(config.rope, config.head_dim)
+        inv_freq = inv_freq_for_layer(config, layer)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
     return q, k, v
@@ -77,14 +83,27 @@ def _attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, mask:
     b, t, _, hd = q.shape
     qg = q.reshape(b, t, config.num_kv_heads, config.num_groups, hd)
     scores = jnp.einsum("btkgd,bksd->bkgts", qg, k, preferred_element_type=jnp.float32)
-    scores = scores * (hd ** -0.5)
+    scores = _score_transform(config, scores)
     scores = jnp.where(mask[:, None, None, :, :], scores, -jnp.inf)
     weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->btkgd", weights, v)
     return out.reshape(b, t, config.num_heads * hd)
 
 
+def attention_scale(config: ModelConfig) -> float:
+    """The factor of raw q.k scores: 1/sqrt(head_dim), or 1/sqrt(query_pre_attn_scalar) (Gemma 2/3)."""
+    return (config.query_pre_attn_scalar or config.head_dim) ** -0.5
+
+
+def _score_transform(config: ModelConfig, scores: jax.Array) -> jax.Array:
+    """Raw q.k scores (float32) -> attention logits before masking: scaled (`attention_scale`),
+    then soft-capped when the config says so."""
+    return softcap(scores * attention_scale(config), config.attn_logit_softcap)
+
+
 def _mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
+    if config.mlp == "moe":
+        return moe_mlp(config, lp, x)
     if "gate_up" in lp:  # fused by `decode_params`
         gate, up = jnp.split(_dense(x, lp["gate_up"]), 2, axis=-1)
         return _dense(activation(config.activation, gate) * up, lp["down"])
@@ -95,15 +114,16 @@ def _mlp(config: ModelConfig, lp: dict, x: jax.Array) -> jax.Array:
 
 
 def _layer_output(config: ModelConfig, lp: dict, x: jax.Array, attn: jax.Array) -> jax.Array:
-    """Residual around the attention output projection, then the MLP block."""
-    x = x + _dense(attn, lp["o"])
-    return x + _mlp(config, lp, norm(config, x, lp["mlp_norm"]))
-
-
-def _window_ok(config: ModelConfig, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array:
-    if config.sliding_window is None:
-        return jnp.ones(jnp.broadcast_shapes(query_pos.shape, key_pos.shape), bool)
-    return query_pos - key_pos < config.sliding_window
+    """Residual around the attention output projection, then the MLP block (with Gemma 2/3's
+    `sandwich_norms`, each block's output is normed before its residual add)."""
+    attn_out = _dense(attn, lp["o"])
+    if config.sandwich_norms:
+        attn_out = norm(config, attn_out, lp["post_attn_norm"])
+    x = x + attn_out
+    mlp_out = _mlp(config, lp, norm(config, x, lp["mlp_norm"]))
+    if config.sandwich_norms:
+        mlp_out = norm(config, mlp_out, lp["post_mlp_norm"])
+    return x + mlp_out
 
 
 def unstack_layers(params: dict) -> dict:
@@ -151,30 +171,34 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Ar
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     idx = jnp.arange(t)
-    mask = (idx[:, None] >= idx[None, :]) & _window_ok(config, idx[:, None], idx[None, :])
-    mask = jnp.broadcast_to(mask, (b, t, t))
+    causal = jnp.broadcast_to(idx[:, None] >= idx[None, :], (b, t, t))
+    masks = layer_masks(config, causal, idx[None, :, None], idx[None, None, :])
 
-    def layer(x, lp):
-        q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions)
+    def layer(x, lp, i):
+        q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions, i)
+        mask = mask_for_layer(config, masks, i)
         attn = _attend(config, q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
         return _layer_output(config, lp, x, attn), None
 
     x = embed(params, config, tokens, positions)
     if _unstacked(params):
-        for lp in params["layers"]:
-            x, _ = layer(x, lp)
+        for i, lp in enumerate(params["layers"]):
+            x, _ = layer(x, lp, i)
     else:
-        x, _ = jax.lax.scan(layer, x, params["layers"])
+        layer_ids = jnp.arange(config.num_layers)
+        x, _ = jax.lax.scan(lambda x, inp: layer(x, *inp), x, (params["layers"], layer_ids))
     return lm_head(params, config, x)
 
 
 def cache_attention_mask(
     config: ModelConfig, lengths: jax.Array, positions: jax.Array, capacity: int, tree_mask: jax.Array | None
-) -> jax.Array:
-    """Which cache slots each new token may attend to: bool [B, T, capacity].
+) -> tuple[jax.Array, jax.Array]:
+    """Which cache slots each new token may attend to: (global layers, sliding-window layers),
+    each bool [B, T, capacity]; pick a layer's with `layer_pattern.mask_for_layer`.
 
     Committed slots (s < lengths[b]) are visible to every new token; the new tokens, written at
-    slots lengths[b] + j, see each other through `tree_mask` [B, T, T] (default: causal).
+    slots lengths[b] + j, see each other through `tree_mask` [B, T, T] (default: causal). The
+    sliding window compares positions, so a tree node sees the ancestors within its window.
     """
     b, t = positions.shape
     slots = jnp.arange(capacity, dtype=jnp.int32)[None, None, :]
@@ -190,7 +214,7 @@ def cache_attention_mask(
         tree = tree_mask.astype(bool) | jnp.eye(t, dtype=bool)[None]
         new_ok = jnp.take_along_axis(tree, jnp.broadcast_to(rel_c, (b, t, capacity)), axis=2)
     key_pos = jnp.where(committed, slots, jnp.take_along_axis(positions, rel_c[:, 0, :], axis=1)[:, None, :])
-    return (committed | (is_new & new_ok)) & _window_ok(config, positions[:, :, None], key_pos)
+    return layer_masks(config, committed | (is_new & new_ok), positions[:, :, None], key_pos)
 
 
 def forward_cached(
@@ -214,7 +238,8 @@ def forward_cached(
 
     prefill_attention: "reference", or "xla" / "cudnn" for `jax.nn.dot_product_attention` over
     the new tokens alone (`ssd_jax.models.attention`); only for a prompt forward into an empty
-    cache with no tree_mask, where the new tokens' causal mask is the whole mask.
+    cache with no tree_mask, where the new tokens' causal mask is the whole mask. Models with
+    attention soft-capping or per-layer windows (Gemma 2/3) keep the reference attention.
     decode_attention: the attention of every other forward, "reference" (`_attend`) or "xla"
     (`jax.nn.dot_product_attention` with the mask); None: the backend policy's for the params.
 
@@ -223,18 +248,22 @@ def forward_cached(
     the layout it came in.
     """
     b, t = tokens.shape
-    fused = prefill_attention != "reference"
-    if fused and tree_mask is not None:
+    plain = config.attn_logit_softcap is None  # the fused kernels take a scale but no soft-cap
+    fused = prefill_attention != "reference" and plain and len(set(config.layer_windows)) == 1
+    if prefill_attention != "reference" and tree_mask is not None:
         raise ValueError("prefill_attention applies to causal prompt forwards, not token trees")
-    mask = None if fused else cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
+    masks = None if fused else cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
     if decode_attention is None:
         decode_attention = policy_for(params).decode_attention
+    scale = attention_scale(config)
     rows = jnp.arange(b)[:, None]
     write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
 
-    def attention(lp, x, k_buf, v_buf, i=None):
-        """One layer through its cache: k_buf, v_buf [B, KVH, S, hd], or stacked with layer index i."""
-        q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions)
+    def attention(lp, x, k_buf, v_buf, i=None, layer=None):
+        """One layer (index `layer`) through its cache: k_buf, v_buf [B, KVH, S, hd], or stacked
+        with layer index i."""
+        layer = i if layer is None else layer
+        q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions, layer)
         k, v = k.astype(k_buf.dtype), v.astype(v_buf.dtype)
         if i is None:
             # One extra update per row aimed past capacity (dropped) keeps this a scatter: XLA
@@ -251,11 +280,12 @@ def forward_cached(
             v_buf = v_buf.at[i, rows, :, write_slots].set(v, mode="drop")
             k_cur, v_cur = k_buf[i], v_buf[i]
         if fused:
-            attn = causal_attention(q, k, v, window=config.sliding_window, implementation=prefill_attention)
-        elif decode_attention == "xla":
-            attn = masked_attention(q, k_cur, v_cur, mask)
+            attn = causal_attention(q, k, v, window=config.layer_windows[0], scale=scale,
+                                    implementation=prefill_attention)
+        elif decode_attention == "xla" and plain:
+            attn = masked_attention(q, k_cur, v_cur, mask_for_layer(config, masks, layer), scale=scale)
         else:
-            attn = _attend(config, q, k_cur, v_cur, mask)
+            attn = _attend(config, q, k_cur, v_cur, mask_for_layer(config, masks, layer))
         return _layer_output(config, lp, x, attn), k_buf, v_buf
 
     x = embed(params, config, tokens, positions)
@@ -264,7 +294,7 @@ def forward_cached(
         if cache.per_layer:
             k_list, v_list = list(cache.k), list(cache.v)
             for i, lp in enumerate(layers):
-                x, k_list[i], v_list[i] = attention(lp, x, k_list[i], v_list[i])
+                x, k_list[i], v_list[i] = attention(lp, x, k_list[i], v_list[i], layer=i)
             k_all, v_all = tuple(k_list), tuple(v_list)
         else:
             k_all, v_all = cache.k, cache.v
