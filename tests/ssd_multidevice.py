@@ -43,7 +43,7 @@ def _placements(seen: dict) -> dict:
 def run(check: str) -> dict:
     from ssd_jax.engine.prompts import prepare_prompts
     from ssd_jax.engine.ssd import generate_ssd
-    from ssd_jax.engine.ssd_options import ssd_options
+    from ssd_jax.generate import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
     target = llama(64, 64, 2, seed=0)
@@ -55,7 +55,7 @@ def run(check: str) -> dict:
 
     def decode(temperature: float, observe=None, **options):
         batch = prepare_prompts(prompts, target.config, 32)
-        kwargs = ssd_options(target, batch, 32, options)
+        kwargs = ssd_engine_options(ssd_jax.SSD(**options))
         return generate_ssd(target, draft, batch, 32, SamplingParams(temperature=temperature), jax.random.PRNGKey(2),
                             observe=observe, **kwargs)
 

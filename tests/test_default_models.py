@@ -146,7 +146,7 @@ def test_main_job_streams_text_and_compares():
 @pytest.mark.parametrize("args, match", [
     (["generate", "x", "--method", "nope"], "unknown method 'nope'"),
     (["generate", "x", "--target", "/nonexistent/model"], "does not exist"),
-    (["generate", "x", "--method", "sd", "--num-draft-tokens", "0"], "num_draft_tokens must be"),
+    (["generate", "x", "--method", "sd", "--num-draft-tokens", "0"], "draft_len must be"),
     (["generate", "x", "--temperature", "-1"], "temperature must be"),
 ])
 def test_main_job_errors_are_one_line(args, match):

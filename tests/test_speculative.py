@@ -158,8 +158,8 @@ def test_draft_with_another_tokenizer_is_refused(models):
 # ---------------------------------------------------------------------------------- cache consistency
 
 @pytest.mark.parametrize("method, options, temperature", [
-    ("sd", dict(num_draft_tokens=4, num_paths=1), 1.0),
-    ("bv", dict(num_draft_tokens=3, num_paths=1), 0.0),
+    ("sd", dict(num_draft_tokens=4), 1.0),
+    ("bv", dict(num_draft_tokens=3), 0.0),
     ("gbv", dict(num_draft_tokens=3, num_paths=3), 1.0),
 ])
 def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, options, temperature):

@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="params dtype (default: the backend's: float32 on CPU, bfloat16 on GPU/TPU)")
-    parser.add_argument("--method", default=CLI_DEFAULT_METHOD, choices=METHODS,
+    parser.add_argument("--method", default=CLI_DEFAULT_METHOD,
                         help=f"one of {', '.join(METHODS)} (default: {CLI_DEFAULT_METHOD}; defaults of every option: "
                              f"ssd_jax.methods.DEFAULTS, README)")
     parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
@@ -175,9 +175,9 @@ def build_method(args):
     import dataclasses
 
     from ssd_jax.generate import OLD_OPTIONS
-    from ssd_jax.methods import METHOD_CLASSES
+    from ssd_jax.methods import METHOD_CLASSES, as_method
 
-    cls = METHOD_CLASSES[args.method]
+    cls = type(as_method(args.method))  # InputError naming an unknown method
     fields = {f.name for f in dataclasses.fields(cls)}
     given = {name: getattr(args, name) for name in METHOD_OPTION_FLAGS if getattr(args, name, None) is not None}
     for name in given:
