@@ -159,6 +159,44 @@ def _expected_hf_shape(row: Row, shapes: dict) -> tuple[int, ...]:
     return shape[::-1] if row.kind == "linear" else shape
 
 
+def stored_names(config: ModelConfig, names) -> dict[str, str]:
+    """Canonical HF name (as in `mapping_rows`) -> the name stored in the checkpoint."""
+    return {_canonical_name(config, n): n for n in names}
+
+
+def row_tensor_names(config: ModelConfig, row: Row) -> dict[tuple[int, ...], str]:
+    """(layer[, expert]) position on our leading axes -> canonical HF name; {(): name} if unstacked."""
+    return {tuple(k for k in (i, j) if k is not None): row.hf_name.format(i=i, j=j) for i, j in _indices(config, row)}
+
+
+def lead_shape(config: ModelConfig, row: Row) -> tuple[int, ...]:
+    """Sizes of our leading axes that the row stacks on: (), (N,) or (N, E)."""
+    return tuple(n for n, key in ((config.num_layers, "{i}"), (config.num_experts, "{j}")) if key in row.hf_name)
+
+
+def require_tensor(name: str, names: dict[str, str]) -> str:
+    """The stored name of canonical `name`; CheckpointError if the checkpoint lacks it."""
+    if name not in names:
+        raise CheckpointError(f"checkpoint is missing tensor {name!r}")
+    return names[name]
+
+
+def check_tensor_shape(name: str, shape, expected) -> None:
+    if tuple(shape) != tuple(expected):
+        raise CheckpointError(f"tensor {name!r} has shape {tuple(shape)}, expected {tuple(expected)} for this config")
+
+
+def check_all_used(config: ModelConfig, names: dict[str, str], used: set[str]) -> None:
+    """CheckpointError listing tensors no row consumed (ignored buffers and a tied lm_head aside)."""
+    tied_head = config.tie_word_embeddings and "lm_head.weight" in names
+    unexpected = sorted(n for n in names
+                        if n not in used and not _IGNORED.search(n) and not (tied_head and n == "lm_head.weight"))
+    if unexpected:
+        raise CheckpointError(
+            f"checkpoint has tensors this {config.model_type} config does not use: {', '.join(unexpected[:6])}"
+        )
+
+
 def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
     """Builds our params from `tensors` (a mapping HF name -> numpy array, read lazily).
 
@@ -166,7 +204,7 @@ def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
 
     Raises CheckpointError naming a missing tensor, an unexpected one or a wrong shape.
     """
-    names = {_canonical_name(config, n): n for n in tensors.keys()}
+    names = stored_names(config, tensors.keys())
     shapes = param_shapes(config)
     used: set[str] = set()
     params: dict = {}
@@ -175,28 +213,18 @@ def hf_to_params(config: ModelConfig, tensors, dtype, on_tensor=None) -> dict:
         arrays = []
         for i, j in _indices(config, row):
             name = row.hf_name.format(i=i, j=j)
-            if name not in names:
-                raise CheckpointError(f"checkpoint is missing tensor {name!r}")
-            array = np.asarray(tensors[names[name]])
-            if tuple(array.shape) != tuple(expected):
-                raise CheckpointError(
-                    f"tensor {name!r} has shape {tuple(array.shape)}, expected {tuple(expected)} for this config"
-                )
+            array = np.asarray(tensors[require_tensor(name, names)])
+            check_tensor_shape(name, array.shape, expected)
             used.add(name)
             if on_tensor is not None:
                 on_tensor()
             arrays.append(array.T if row.kind == "linear" else array)
-        lead = tuple(n for n, key in ((config.num_layers, "{i}"), (config.num_experts, "{j}")) if key in row.hf_name)
+        lead = lead_shape(config, row)
         stacked = np.stack(arrays).reshape(lead + arrays[0].shape) if lead else arrays[0]
         sizes = [_get(shapes, path)[-1] for path in row.paths]
         for path, part in zip(row.paths, np.split(stacked, np.cumsum(sizes)[:-1], axis=-1)):
             _set(params, path, part.astype(dtype))
-    tied_head = config.tie_word_embeddings and "lm_head.weight" in names
-    unexpected = sorted(n for n in names if n not in used and not _IGNORED.search(n) and not (tied_head and n == "lm_head.weight"))
-    if unexpected:
-        raise CheckpointError(
-            f"checkpoint has tensors this {config.model_type} config does not use: {', '.join(unexpected[:6])}"
-        )
+    check_all_used(config, names, used)
     return params
 
 

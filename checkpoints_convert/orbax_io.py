@@ -29,10 +29,8 @@ def save_params(directory: str, params: dict, dtype_name: str) -> None:
         json.dump({"format": "ssd_jax", "version": FORMAT_VERSION, "dtype": dtype_name}, f, indent=2)
 
 
-def restore_params(directory: str) -> dict:
-    """Reads params saved by `save_params` as numpy arrays; CheckpointError if absent or unreadable."""
-    import orbax.checkpoint as ocp
-
+def checked_params_path(directory: str) -> str:
+    """Absolute path of directory/params after checking the marker's format version; CheckpointError if not."""
     path = os.path.abspath(os.path.join(directory, PARAMS_DIR))
     if not os.path.isdir(path):
         raise CheckpointError(f"missing weights: {path} does not exist")
@@ -43,6 +41,14 @@ def restore_params(directory: str) -> dict:
         raise CheckpointError(f"unreadable {MARKER_NAME} in {directory}: {err}") from None
     if marker.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"unsupported ssd_jax checkpoint version {marker.get('version')!r} in {directory}")
+    return path
+
+
+def restore_params(directory: str) -> dict:
+    """Reads params saved by `save_params` as numpy arrays; CheckpointError if absent or unreadable."""
+    import orbax.checkpoint as ocp
+
+    path = checked_params_path(directory)
     try:
         restored = ocp.PyTreeCheckpointer().restore(path)
     except Exception as err:  # orbax raises many types for a damaged directory

@@ -55,6 +55,13 @@ def _names_in(path: str) -> list[str]:
 
 def read_hf_tensors(directory: str) -> LazyTensors:
     """Opens the weights of a Hugging Face directory; raises CheckpointError if absent or corrupt."""
+    return LazyTensors(hf_weight_files(directory))
+
+
+def hf_weight_files(directory: str) -> dict[str, str]:
+    """HF tensor name -> path of the safetensors file holding it (single file or sharded index).
+
+    Every file is opened once to check its header; raises CheckpointError if absent or corrupt."""
     index_path = os.path.join(directory, INDEX_NAME)
     if os.path.exists(index_path):
         try:
@@ -70,7 +77,7 @@ def read_hf_tensors(directory: str) -> LazyTensors:
             files_by_name[name] = shard_path
         for shard_path in sorted(set(files_by_name.values())):
             _names_in(shard_path)  # fail early on a corrupt shard
-        return LazyTensors(files_by_name)
+        return files_by_name
     candidates = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
     if not candidates:
         raise CheckpointError(
@@ -82,7 +89,7 @@ def read_hf_tensors(directory: str) -> LazyTensors:
         path = os.path.join(directory, file)
         for name in _names_in(path):
             files_by_name[name] = path
-    return LazyTensors(files_by_name)
+    return files_by_name
 
 
 def write_hf_tensors(directory: str, tensors: dict[str, np.ndarray], max_shard_bytes: int = 4 << 30) -> list[str]:

@@ -1,6 +1,6 @@
 """ssd_jax: speculative decoding for JAX.
 
-Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `SD`, ...), `MaxGram`, `default_models`, `Model`, `ModelConfig`, `SamplingParams`,
+Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `SD`, ...), `MaxGram`, `default_models`, `shard`, `Model`, `ModelConfig`, `SamplingParams`,
 `GenerateOutput`, and the exceptions in `ssd_jax.errors`. Verifiers live in `ssd_jax.verify`.
 """
 
@@ -16,6 +16,7 @@ from ssd_jax.model import Model
 from ssd_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
 from ssd_jax.reference import forward
 from ssd_jax.sampling import SamplingParams
+from ssd_jax.sharding import shard
 
 __version__ = "0.1.0"
 
@@ -23,4 +24,5 @@ __all__ = [
     "AR", "BV", "DecodeOutput", "MaxGram", "decode", "CSD", "GBV", "PLD", "SD", "SSD", "LogitSpec", "Method", "SpecInfer", "SpecTr",
     "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
     "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "default_models", "forward", "generate", "load",
+    "shard",
 ]

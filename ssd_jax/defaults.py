@@ -27,14 +27,16 @@ def default_model_dirs() -> tuple[str, str]:
     return TARGET_DIR, DRAFT_DIR
 
 
-def default_models(dtype: str | None = None) -> tuple[Model, Model]:
+def default_models(dtype: str | None = None, *, mesh=None, rules=None) -> tuple[Model, Model]:
     """Loads the shipped (target, draft) pair: Llama models trained on the Python standard library
     with a shared 4096-token byte-level BPE tokenizer; the draft is distilled from the target.
-    dtype: as in `ssd_jax.load` (None: the backend policy's, float32 on CPU)."""
+    dtype: as in `ssd_jax.load` (None: the backend policy's, float32 on CPU); mesh, rules: both
+    models sharded on that mesh (see `ssd_jax.shard`; the target's 6 heads and the draft's 2 need a
+    "model" axis of size 1 or 2)."""
     from ssd_jax.loading import load
 
     target_dir, draft_dir = default_model_dirs()
-    return load(target_dir, dtype=dtype), load(draft_dir, dtype=dtype)
+    return load(target_dir, dtype=dtype, mesh=mesh, rules=rules), load(draft_dir, dtype=dtype, mesh=mesh, rules=rules)
 
 
 def default_small_draft(dtype: str | None = None) -> Model:

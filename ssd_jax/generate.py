@@ -23,6 +23,8 @@ from ssd_jax.errors import InputError
 from ssd_jax.methods import DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
+from ssd_jax.sharding import colocate
+from ssd_jax.sharding.placement import place_array
 
 # The keyword options generate() took before method objects: old name -> method field.
 OLD_OPTIONS = dict(num_draft_tokens="draft_len", num_paths="paths", prompt_lookup_min="min_ngram",
@@ -55,7 +57,7 @@ def _old_options_error(method, options: dict) -> InputError:
 def _bare(model: Model) -> Model:
     """The model as the compiled program takes it: decode-layout params, no tokenizer or path
     (so reloading a checkpoint finds the same program)."""
-    return Model(config=model.config, params=loop_params(model))
+    return Model(config=model.config, params=loop_params(model), placement=model.placement)
 
 
 def _bare_draft(draft):
@@ -65,6 +67,23 @@ def _bare_draft(draft):
         models, maxgram = split_cascade(draft)
         return tuple(_bare(m) for m in models) + ((maxgram,) if maxgram is not None else ())
     return draft
+
+
+def _colocated(method: Method, target: Model, draft):
+    """The draft (a Model or CSD's tuple) placed to run in one program with a sharded target."""
+    if isinstance(draft, Model):
+        return colocate(target, draft, type(method).__name__)
+    if isinstance(draft, tuple):
+        return tuple(colocate(target, d, type(method).__name__) if isinstance(d, Model)
+                     else _replicated(target, d) for d in draft)
+    return draft
+
+
+def _replicated(target: Model, tree):
+    """A pytree of arrays (e.g. a MaxGram's table) replicated on a sharded target's mesh."""
+    if target.placement is None:
+        return tree
+    return jax.tree.map(lambda x: place_array(x, target.placement.replicated()), tree)
 
 
 def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> dict:
@@ -136,8 +155,13 @@ def generate(
         return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
     out_size = bucket(max_new_tokens)
     eos_ids = tuple(target.config.eos_token_ids or ())
-    args = (_bare(target), _bare_draft(draft), jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),
-            row_keys(key, batch.batch_size), jnp.asarray(max_new_tokens, jnp.int32))
+    draft = _colocated(method, target, draft)
+    inputs = (batch.tokens, batch.lengths, row_keys(key, batch.batch_size), np.asarray(max_new_tokens, np.int32))
+    if target.placement is None:
+        inputs = tuple(map(jnp.asarray, inputs))
+    else:  # global arrays, so the program also runs when the mesh spans several processes
+        inputs = tuple(place_array(x, target.placement.replicated()) for x in inputs)
+    args = (_bare(target), _bare_draft(draft)) + inputs
     streaming = stream is not None
     fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
                            stream=streaming)

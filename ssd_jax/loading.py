@@ -8,11 +8,12 @@ import os
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.backend import policy_for
+from ssd_jax.backend import devices_platform, policy_for
 from ssd_jax.errors import CheckpointError, ConfigError
 from ssd_jax.model import Model, dtype_from_name
 from ssd_jax.models.config import ModelConfig
-from ssd_jax.models.params import validate_params
+from ssd_jax.models.params import param_shapes, validate_params
+from ssd_jax.sharding.placement import Placement
 
 
 def read_config(directory: str) -> ModelConfig:
@@ -42,24 +43,32 @@ def read_tokenizer(directory: str):
         raise CheckpointError(f"unreadable tokenizer.json in {directory}: {err}") from None
 
 
-def load(path: str, dtype: str | None = None) -> Model:
+def load(path: str, dtype: str | None = None, *, mesh=None, rules=None) -> Model:
     """Loads a model directory.
 
     path: a Hugging Face model directory (config.json, model.safetensors or a sharded index,
     tokenizer.json if present) or a directory written by `python -m checkpoints_convert`.
     dtype: "float32" | "bfloat16" | "float16" for the params; None: the backend policy's dtype for
-    the default device (float32 on CPU, bfloat16 on GPU and TPU; see `ssd_jax.backend`).
-    Raises ConfigError / CheckpointError naming what is wrong.
+    the default device (float32 on CPU, bfloat16 on GPU and TPU; see `ssd_jax.backend`), or with
+    a mesh the policy of the mesh's platform.
+    mesh, rules: place the params on a `jax.sharding.Mesh` by the rule table (see `ssd_jax.shard`);
+    each tensor is then read slice by slice straight into its shards, so host memory while loading
+    stays near one tensor rather than the whole model.
+    Raises ConfigError / CheckpointError naming what is wrong (InputError for a bad mesh or rules).
     """
     from checkpoints_convert.hf_mapping import hf_to_params
     from checkpoints_convert.orbax_io import is_converted_dir, restore_params
     from checkpoints_convert.safetensors_io import read_hf_tensors
 
-    target_dtype = dtype_from_name(policy_for(None).dtype if dtype is None else dtype)
+    placement = Placement.create(mesh, rules) if mesh is not None else None
+    where = policy_for(devices_platform(placement.devices)) if placement is not None else policy_for(None)
+    target_dtype = dtype_from_name(where.dtype if dtype is None else dtype)
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise CheckpointError(f"model directory {path!r} does not exist")
     config = read_config(path)
+    if placement is not None:
+        return _load_sharded(path, config, placement, target_dtype)
     if is_converted_dir(path):
         params = restore_params(path)
         validate_params(config, params)
@@ -67,3 +76,14 @@ def load(path: str, dtype: str | None = None) -> Model:
         params = hf_to_params(config, read_hf_tensors(path), dtype=target_dtype)
     params = jax.tree.map(lambda a: jnp.asarray(a, dtype=target_dtype), params)
     return Model(config=config, params=params, tokenizer=read_tokenizer(path), path=os.path.abspath(path))
+
+
+def _load_sharded(path: str, config: ModelConfig, placement: Placement, dtype) -> Model:
+    """`load` onto a mesh: every leaf read shard by shard into its NamedSharding."""
+    from checkpoints_convert.sharded_read import read_params_sharded
+    from ssd_jax.sharding import shape_shardings
+
+    shardings = shape_shardings(placement, param_shapes(config), config)
+    params = read_params_sharded(path, config, shardings, dtype)
+    return Model(config=config, params=params, tokenizer=read_tokenizer(path), path=os.path.abspath(path),
+                 placement=placement)

@@ -1,7 +1,7 @@
 """`Model`: a configuration, its parameters, the tokenizer and where they came from.
 
-A `Model` is a pytree: its params are the leaves; config, tokenizer and path are static (aux
-data), so `jax.tree_util.tree_map(f, model)` returns a Model and a Model passes through
+A `Model` is a pytree: its params are the leaves; config, tokenizer, path and placement are
+static (aux data), so `jax.tree_util.tree_map(f, model)` returns a Model and a Model passes through
 `jax.jit` like any pytree."""
 
 from __future__ import annotations
@@ -35,13 +35,16 @@ class Model:
     """A loaded model (a pytree: params are its leaves; config, tokenizer and path static).
 
     config: static architecture (hashable); params: pytree of jax arrays (see models/params.py);
-    tokenizer: a `tokenizers.Tokenizer` or None; path: the directory it was loaded from (or None).
+    tokenizer: a `tokenizers.Tokenizer` or None; path: the directory it was loaded from (or None);
+    placement: None (params on one device) or the `ssd_jax.sharding.Placement` (mesh and rules)
+    its params were sharded by (`ssd_jax.shard`, `load(..., mesh=...)`).
     """
 
     config: ModelConfig
     params: dict
     tokenizer: Any = None
     path: str | None = None
+    placement: Any = None
 
     @property
     def dtype(self):
@@ -51,4 +54,4 @@ class Model:
         return dataclasses.replace(self, params=params)
 
 
-jax.tree_util.register_dataclass(Model, data_fields=["params"], meta_fields=["config", "tokenizer", "path"])
+jax.tree_util.register_dataclass(Model, data_fields=["params"], meta_fields=["config", "tokenizer", "path", "placement"])

@@ -30,3 +30,34 @@ def hf_family(tmp_path_factory):
 @pytest.fixture(params=sorted(FAMILY_CONFIGS))
 def family(request):
     return request.param
+
+
+# The default run (`pytest -q`, CI's command) keeps one or two cases of each large matrix below;
+# `pytest -q -m slow` runs the rest (every method x temperature of decode-in-jit, every bf16
+# method, every family's parity and lossless case, the multi-device SSD scripts). Entries are
+# node ids relative to tests/, or a test function's id to mark all its cases.
+SLOW = {
+    "test_decode.py::test_decode_in_user_jit_equals_generate_and_greedy_ar": {
+        "ar-1.0", "sd-0.0", "bv-0.0", "bv-1.0", "specinfer-0.0", "specinfer-1.0", "spectr-0.0", "spectr-1.0",
+        "gbv-1.0", "pld-0.0", "logitspec-1.0", "csd-1.0"},
+    "test_backend.py::test_bfloat16_greedy_identity_with_bfloat16_ar": {"bv", "specinfer", "spectr", "gbv", "pld", "csd"},
+    "test_families.py::test_family_matches_transformers_and_converts_both_ways": {"gemma", "gemma3_text", "phi3"},
+    "test_families_lossless.py::test_greedy_equals_autoregressive": {
+        "gemma-gemma-sd", "gemma3_text-gemma3_text-gbv", "phi3-phi3-specinfer", "mixtral-mixtral-spectr",
+        "gemma3_text-None-pld", "phi3-None-logitspec"},
+    "test_ssd.py::test_two_devices_place_each_model_on_its_own_device": None,
+    "test_ssd.py::test_four_devices_groups_of_two": None,
+    "test_ssd.py::test_embedded_pair_greedy_equals_autoregressive": None,
+    "test_ssd.py::test_sampled_law_with_top_k": None,
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        function_id = item.nodeid.split("tests/", 1)[-1].split("[", 1)[0]
+        if function_id not in SLOW:
+            continue
+        cases = SLOW[function_id]
+        case = item.nodeid.split("[", 1)[1].rstrip("]") if "[" in item.nodeid else None
+        if cases is None or case in cases:
+            item.add_marker(pytest.mark.slow)

@@ -93,8 +93,6 @@ FULL = [(name, name, m) for name in sorted(NEW_FAMILY_CONFIGS) for m in DRAFT_ME
 
 @pytest.mark.slow
 @pytest.mark.parametrize("target_name, draft_name, method", [c for c in FULL if c not in FAST])
-def test_greedy_equals_autoregressive_every_family_and_method(target_name, draft_name, method, request):
+def test_greedy_equals_autoregressive_every_family_and_method(target_name, draft_name, method):
     """32 more runs (about 5 minutes here): only with `pytest -m slow`."""
-    if "slow" not in (request.config.getoption("markexpr") or ""):
-        pytest.skip("the full family x method matrix runs with -m slow")
     _check_lossless(target_name, draft_name, method)

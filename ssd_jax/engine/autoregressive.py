@@ -26,10 +26,17 @@ def unroll_layers(model=None) -> bool:
     return policy_for(model).unroll_layers
 
 
-def in_loop_params(params: dict, config: ModelConfig) -> dict:
-    """Inside a traced decode: the params its loop runs on (`decode_params` with `unroll_layers`;
-    a no-op on params already in that layout, e.g. from `loop_params`)."""
-    return decode_params(params, config) if unroll_layers(params) else params
+def in_loop_params(model: Model) -> dict:
+    """Inside a traced decode: the params its loop runs on (`decode_params` with `unroll_layers`,
+    unfused for a sharded model; a no-op on params already in that layout, e.g. from `loop_params`)."""
+    if not unroll_layers(model.params):
+        return model.params
+    return decode_params(model.params, model.config, fuse=_fusable(model))
+
+
+def _fusable(model: Model) -> bool:
+    """Fused q/k/v and gate/up kernels suit a model whose heads and MLP are not split over devices."""
+    return model.placement is None or not model.placement.tensor_parallel
 
 
 _LOOP_PARAMS_KEPT = 4
@@ -43,8 +50,9 @@ def loop_params(model: Model) -> dict:
     every weight (about 3 ms per call for the embedded 11M target on CPU)."""
     if not unroll_layers(model):
         return model.params
-    make = lambda: jax.jit(decode_params, static_argnums=1)(model.params, model.config)  # noqa: E731
-    return _LOOP_PARAMS.get(model.params, None, make)[0]
+    fuse = _fusable(model)
+    make = lambda: jax.jit(decode_params, static_argnums=(1, 2))(model.params, model.config, fuse)  # noqa: E731
+    return _LOOP_PARAMS.get(model.params, fuse, make)[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,7 +43,7 @@ def split_cascade(draft) -> tuple[tuple, object]:
 
 def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, prompt_width: int, out_size: int):
     """The skeleton parts of `method` for these models (traced params inside) and static sizes."""
-    tparams, tcfg = in_loop_params(target.params, target.config), target.config
+    tparams, tcfg = in_loop_params(target), target.config
     if isinstance(method, AR):
         return ar_parts(tparams, tcfg, sampling, prompt_width, out_size)
     if isinstance(method, (PLD, LogitSpec)):
@@ -51,10 +51,22 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
     if isinstance(method, CSD):
         models, maxgram = split_cascade(draft)
         bigram = maxgram.bigram if maxgram is not None else jnp.zeros((1,), jnp.int32)
-        return cascade_parts(method, tparams, tcfg, tuple(in_loop_params(m.params, m.config) for m in models),
+        return cascade_parts(method, tparams, tcfg, tuple(in_loop_params(m) for m in models),
                              tuple(m.config for m in models), bigram, sampling, prompt_width, out_size)
-    return speculative_parts(method, tparams, tcfg, in_loop_params(draft.params, draft.config), draft.config,
+    return speculative_parts(method, tparams, tcfg, in_loop_params(draft), draft.config,
                              sampling, prompt_width, out_size)
+
+
+def _extra_rows(rows: int, method: Method, target: Model, stream: bool) -> int:
+    """Copies of row 0 to add: up to the policy's min_decode_rows for AR, and up to a multiple
+    of the placement's batch axis size (never while streaming, whose sink sees every row)."""
+    if stream:
+        return 0
+    padded = max(rows, policy_for(target).min_decode_rows) if isinstance(method, AR) else rows
+    if target.placement is not None:
+        ways = target.placement.batch_ways()
+        padded = -(-padded // ways) * ways
+    return padded - rows
 
 
 def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
@@ -65,17 +77,28 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
 
     AR with fewer rows than the backend policy's `min_decode_rows` runs on copies of row 0 added
     up to that many (rows are independent, so row 0's copies change nothing) and returns the
-    real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`)."""
+    real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`).
+    Likewise, with a target sharded over a "data" axis of size d (and no stream), the batch is
+    padded with copies of row 0 to a multiple of d so its rows split evenly over "data"."""
     rows = tokens.shape[0]
-    extra = max(0, policy_for(target).min_decode_rows - rows) if isinstance(method, AR) and not stream else 0
+    extra = _extra_rows(rows, method, target, stream)
     if extra:
         tokens, lengths, keys = (jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)]) for x in (tokens, lengths, keys))
+    if target.placement is not None:
+        row_sharding = target.placement.rows(tokens.shape[0])
+        tokens, lengths, keys = (jax.lax.with_sharding_constraint(x, row_sharding) for x in (tokens, lengths, keys))
     parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size)
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
     state = run(parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
-                jnp.asarray(max_new, jnp.int32), eos, sampling=sampling, out_size=out_size, stream=stream)
+                jnp.asarray(max_new, jnp.int32), eos, sampling=sampling, out_size=out_size, stream=stream,
+                placement=target.placement)
     counters = dict(spec=state.counters)
     if isinstance(method, CSD):
         counters["reviews"] = state.inner.counters
-    return DecodeOutput(tokens=state.outputs.out[:rows], num_tokens=state.outputs.num_out[:rows],
-                        finish_reason=state.outputs.finish[:rows], counters=counters)
+    if extra:  # per-row counters of the added rows go; scalars (target calls) stay
+        counters = jax.tree.map(lambda x: x[:rows] if x.ndim and x.shape[0] == rows + extra else x, counters)
+    output = DecodeOutput(tokens=state.outputs.out[:rows], num_tokens=state.outputs.num_out[:rows],
+                          finish_reason=state.outputs.finish[:rows], counters=counters)
+    if target.placement is not None:  # whole outputs on every device, so every process can read them
+        output = jax.lax.with_sharding_constraint(output, target.placement.replicated())
+    return output

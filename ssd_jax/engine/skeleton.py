@@ -76,18 +76,24 @@ class Parts(Protocol):
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict: ...
 
 
-def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int):
+def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int,
+            placement=None):
     """Runs right-padded prompts through a fresh cache.
 
     tokens int32 [B, T]; lengths int32 [B]. Returns (float32 logits [B, V] at each row's last
     prompt token, cache with lengths = prompt lengths). Pad slots are written but not committed.
     With per-layer params (`decode_params`, `unstack_layers`) the cache is per-layer too.
+    placement: the model's `ssd_jax.sharding.Placement` (None: unsharded); its cache sharding
+    (batch over "data", KV heads over "model") is pinned on the new cache.
     """
+    from ssd_jax.sharding import constrain_cache
+
     from ssd_jax.models.kv_cache import init_cache
 
     b, t = tokens.shape
     per_layer = isinstance(params["layers"], (tuple, list))
-    cache = init_cache(config, b, capacity, params["embed"].dtype, per_layer=per_layer)
+    cache = constrain_cache(init_cache(config, b, capacity, params["embed"].dtype, per_layer=per_layer), config,
+                            placement)
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     policy = policy_for(params)
     fused = policy.prefill_attention != "reference" and t >= policy.fused_prefill_min_tokens
@@ -108,13 +114,13 @@ def fold_rows(keys: jax.Array, data) -> jax.Array:
 
 def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
         max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
-        stream: bool) -> DecodeState:
+        stream: bool, placement=None) -> DecodeState:
     """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
     uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
-    any of eos_ids int32 [E]. Returns the final DecodeState."""
+    any of eos_ids int32 [E]. placement: the target's (see `prefill`). Returns the final DecodeState."""
     b = tokens.shape[0]
     ones = jnp.ones((b,), jnp.int32)
-    logits, tcache = prefill(tparams, tcfg, tokens, lengths, parts.capacity)
+    logits, tcache = prefill(tparams, tcfg, tokens, lengths, parts.capacity, placement)
     first = sample_rows(sampling, fold_rows(keys, 0), logits)
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
     if stream:

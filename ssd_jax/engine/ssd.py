@@ -48,7 +48,7 @@ from ssd_jax.draft.fanout import FanoutEstimator, max_budget
 from ssd_jax.engine import ssd_steps as steps
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
-from ssd_jax.engine.ssd_placement import DeviceGroup, resolve_groups
+from ssd_jax.engine.ssd_placement import DeviceGroup, placed_model, resolve_groups
 from ssd_jax.engine.ssd_runtime import Programs, placed_params
 from ssd_jax.engine.ssd_stats import SSDTally, Stopwatch
 from ssd_jax.engine.streaming import StreamSink
@@ -105,11 +105,15 @@ class _Decode:
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
                  draft_devices, stream: StreamSink | None, sync_timing: bool):
         b, length = batch.batch_size, plan.num_draft_tokens
-        target_devs, draft_devs = resolve_groups(target_devices, draft_devices)
-        self.tgroup, self.dgroup = DeviceGroup(target_devs, b), DeviceGroup(draft_devs, b)
-        self.tparams, t_place = placed_params(target, self.tgroup)
-        self.dparams, d_place = placed_params(draft, self.dgroup)
-        self.placement_s = t_place + d_place
+        target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
+        start = time.perf_counter()
+        target, draft = placed_model(target, target_devs), placed_model(draft, draft_devs)
+        t_place = time.perf_counter() - start
+        self.tgroup = DeviceGroup(target.placement, b, target.config)
+        self.dgroup = DeviceGroup(draft.placement, b, draft.config)
+        self.tparams, t_loop = placed_params(target)
+        self.dparams, d_loop = placed_params(draft)
+        self.placement_s = t_place + t_loop + d_loop
         self.plan, self.sampling, self.estimator = plan, sampling, estimator
         self.stream, self.sync_timing = stream, sync_timing
         self.tally = SSDTally(length)
@@ -134,8 +138,7 @@ class _Decode:
         self.keys = row_keys(key, b)
         eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
         prompt = (jnp.asarray(batch.tokens), jnp.asarray(batch.lengths))
-        self.t_inputs = self.tgroup.put(prompt + (self.keys,)) + self.tgroup.put(
-            (jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos)), replicate=True)
+        self.t_inputs = self.tgroup.put(prompt + (self.keys, jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos)))
         self.d_inputs = self.dgroup.put(prompt + (self.keys,))
         # The draft group's programs are dispatched from their own thread: on CPU with
         # jax_cpu_enable_async_dispatch=False each program runs in the thread that dispatches it,

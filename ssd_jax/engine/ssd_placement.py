@@ -1,12 +1,13 @@
 """Device groups for SSD: the target's params and cache on one group, the draft's params, cache
-and speculation cache on the other.
+and speculation cache on the other. A group is simply where its model lives.
 
-A group is a tuple of `jax.Device`s. Arrays go to a group with a `NamedSharding` over a 1-D mesh
-of its devices: arrays whose leading axis is the batch are split along it when the batch divides
-by the group size (rows are independent, so the programs run data-parallel), everything else
-(params, odd batches) is replicated. Default groups: the visible devices split in two, the target
-taking the first ceil(n/2); with one visible device both groups are that device ("colocated": the
-two programs then take turns instead of overlapping, which the stats report).
+A sharded model (`ssd_jax.shard`, `load(..., mesh=...)`) brings its own group: its mesh, its rules
+(heads and KV cache over "model", rows over "data"). An unsharded model is placed on a group of
+devices (the SSD options, or by default the visible devices split in two, the target taking the
+first ceil(n/2); with one visible device both groups are that device, "colocated": the two
+programs then take turns instead of overlapping, which the stats report) as a (data = n, model =
+1) mesh: params replicated, batch rows split over the group when the batch divides (rows are
+independent, so the programs run data-parallel). The two groups either coincide or are disjoint.
 """
 
 from __future__ import annotations
@@ -16,46 +17,69 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh
 
+from ssd_jax.engine.params_cache import ParamsCache
 from ssd_jax.errors import InputError
+from ssd_jax.model import Model
+from ssd_jax.models.config import ModelConfig
+from ssd_jax.sharding import shard
+from ssd_jax.sharding.placement import Placement
 
 
 @dataclasses.dataclass(frozen=True)
 class DeviceGroup:
-    """One group of devices and its shardings for a batch of `batch` rows."""
+    """One group: the placement of its model and the layout of its arrays for a batch of `batch`
+    rows (config: its model's, to recognise KV-cache buffers among a program's outputs)."""
 
-    devices: tuple
+    placement: Placement
     batch: int
+    config: ModelConfig
 
     @property
-    def mesh(self) -> Mesh:
-        return Mesh(np.array(self.devices, dtype=object), ("rows",))
+    def devices(self) -> tuple:
+        return self.placement.devices
 
     @property
     def replicated(self):
-        """Every device of the group holds the whole array (a one-device group: that device)."""
-        if len(self.devices) == 1:
-            return SingleDeviceSharding(self.devices[0])
-        return NamedSharding(self.mesh, PartitionSpec())
-
-    @property
-    def split_rows(self) -> bool:
-        return len(self.devices) > 1 and self.batch % len(self.devices) == 0
+        return self.placement.replicated()
 
     def sharding_for(self, x):
-        """Rows split over the group for batch-leading arrays (when the batch divides), else replicated."""
+        """KV-cache buffers [(layers,) batch, kv_heads, capacity, head_dim]: the placement's cache
+        sharding; other batch-leading arrays: rows over "data" when the batch divides; the rest
+        replicated."""
         shape = tuple(getattr(x, "shape", None) or np.shape(x))
-        if self.split_rows and len(shape) >= 1 and shape[0] == self.batch:
-            return NamedSharding(self.mesh, PartitionSpec("rows"))
+        if len(shape) in (4, 5) and shape[-4] == self.batch and shape[-3] == self.config.num_kv_heads:
+            return self.placement.cache_sharding(self.config, shape)
+        if len(shape) >= 1 and shape[0] == self.batch:
+            return self.placement.rows(self.batch)
         return self.replicated
 
-    def put(self, tree: Any, *, replicate: bool = False) -> Any:
-        """device_put of every leaf onto this group (params: replicate=True)."""
-        return jax.tree.map(lambda x: jax.device_put(x, self.replicated if replicate else self.sharding_for(x)), tree)
+    def put(self, tree: Any) -> Any:
+        """Every leaf placed on this group as `sharding_for` says."""
+        return jax.tree.map(lambda x: jax.device_put(x, self.sharding_for(x)), tree)
 
     def ids(self) -> tuple[int, ...]:
         return tuple(d.id for d in self.devices)
+
+
+def group_placement(devices: tuple) -> Placement:
+    """A (data = len(devices), model = 1) placement over a group of devices."""
+    return Placement.create(Mesh(np.array(devices, dtype=object).reshape(len(devices), 1), ("data", "model")))
+
+
+_REPLICAS = ParamsCache(4)
+
+
+def placed_model(model: Model, devices: tuple) -> Model:
+    """An unsharded model replicated on a group's devices (a sharded model is returned as it is);
+    the copy is kept per (params object, devices), weakly, for the next call."""
+    if model.placement is not None:
+        return model
+    ids = tuple(d.id for d in devices)
+    replica = _REPLICAS.get(model.params, ids, lambda: shard(model, group_placement(devices).mesh))[0]
+    # Only the arrays are reused: config (EOS ids, ...) and tokenizer come from this call's model.
+    return dataclasses.replace(model, params=replica.params, placement=replica.placement)
 
 
 def _as_devices(name: str, value, visible: Sequence) -> tuple:
@@ -82,9 +106,34 @@ def _as_devices(name: str, value, visible: Sequence) -> tuple:
     return tuple(devices)
 
 
-def resolve_groups(target_devices, draft_devices) -> tuple[tuple, tuple]:
-    """(target devices, draft devices) from the options (None = default split, see module doc).
-    Groups either coincide (colocated) or are disjoint; anything else is an InputError."""
+def _check_disjoint(target: tuple, draft: tuple, what: str) -> None:
+    if target != draft and set(target) & set(draft):
+        raise InputError(f"{what}: the target's devices {[d.id for d in target]} and the draft's "
+                         f"{[d.id for d in draft]} overlap; make them disjoint, or identical to colocate both models")
+
+
+def resolve_groups(target_devices, draft_devices, target: Model | None = None, draft: Model | None = None
+                   ) -> tuple[tuple, tuple]:
+    """(target devices, draft devices): a sharded model's mesh devices, else from the options (None
+    = default split, see module doc). Groups either coincide (colocated) or are disjoint; anything
+    else is an InputError."""
+    placed = [m.placement for m in (target, draft) if m is not None and m.placement is not None]
+    if placed:
+        if target_devices is not None or draft_devices is not None:
+            raise InputError("SSD's target_devices/draft_devices are for unsharded models; a sharded model "
+                             "already lives on its mesh (give neither)")
+        visible = jax.devices()
+        t_devs = target.placement.devices if target.placement is not None else None
+        d_devs = draft.placement.devices if draft.placement is not None else None
+        if t_devs is None:  # the target takes the devices the draft leaves (or shares the draft's)
+            t_devs = tuple(d for d in visible if d not in d_devs) or d_devs
+        if d_devs is None:
+            d_devs = tuple(d for d in visible if d not in t_devs) or t_devs
+        if set(t_devs) == set(d_devs) and t_devs != d_devs:
+            raise InputError(f"the target and the draft share devices {[d.id for d in t_devs]} in different "
+                             f"orders; colocated models must use the same mesh devices")
+        _check_disjoint(t_devs, d_devs, "models placed for SSD")
+        return t_devs, d_devs
     visible = jax.devices()
     if target_devices is None and draft_devices is None:
         if len(visible) == 1:
@@ -93,9 +142,7 @@ def resolve_groups(target_devices, draft_devices) -> tuple[tuple, tuple]:
         return tuple(visible[:half]), tuple(visible[half:])
     if target_devices is None or draft_devices is None:
         raise InputError("give both target_devices and draft_devices, or neither (default: split the visible devices)")
-    target = _as_devices("target_devices", target_devices, visible)
-    draft = _as_devices("draft_devices", draft_devices, visible)
-    if target != draft and set(target) & set(draft):
-        raise InputError(f"target_devices {[d.id for d in target]} and draft_devices {[d.id for d in draft]} "
-                         "overlap; make them disjoint, or identical to colocate both models")
-    return target, draft
+    target_group = _as_devices("target_devices", target_devices, visible)
+    draft_group = _as_devices("draft_devices", draft_devices, visible)
+    _check_disjoint(target_group, draft_group, "target_devices and draft_devices")
+    return target_group, draft_group

@@ -18,13 +18,11 @@ from ssd_jax.model import Model
 _PLACED = ParamsCache(4)
 
 
-def placed_params(model: Model, group: DeviceGroup):
-    """The model's params on the group (replicated), in the decode layout on CPU (`loop_params`);
-    cached per (params object, devices) so repeated calls skip the copy. Returns (params, seconds
-    spent)."""
+def placed_params(model: Model):
+    """A placed model's params in the decode layout (`loop_params`), kept per params object so
+    repeated calls skip the work. Returns (params, seconds spent)."""
     start = time.perf_counter()
-    params, made = _PLACED.get(model.params, group.ids(),
-                               lambda: jax.block_until_ready(group.put(loop_params(model), replicate=True)))
+    params, made = _PLACED.get(model.params, None, lambda: jax.block_until_ready(loop_params(model)))
     return params, (time.perf_counter() - start) if made else 0.0
 
 

@@ -143,17 +143,19 @@ def _fuse(parts: list[dict]) -> dict:
     return fused
 
 
-def decode_params(params: dict, config: ModelConfig) -> dict:
+def decode_params(params: dict, config: ModelConfig, fuse: bool = True) -> dict:
     """The params a CPU decode loop runs on, made once outside the loop: layers unstacked, q/k/v
     and gate/up fused into one matmul each (fewer, larger matrix-vector products use the memory
     bandwidth better), and for tied embeddings an explicit head kernel [D, V] (XLA:CPU's batched
-    matmul against `embed.T` [V, D] is about twice as slow as against a [D, V] kernel at batch 8)."""
+    matmul against `embed.T` [V, D] is about twice as slow as against a [D, V] kernel at batch 8).
+    fuse=False keeps q/k/v and gate/up apart: for models split by heads over a mesh, where a fused
+    kernel's columns would mix the three projections on every device."""
     layers = []
     for lp in unstack_layers(params)["layers"]:
         lp = dict(lp)
-        if "q" in lp:
+        if fuse and "q" in lp:
             lp["qkv"] = _fuse([lp.pop("q"), lp.pop("k"), lp.pop("v")])
-        if "gate" in lp:
+        if fuse and "gate" in lp:
             lp["gate_up"] = _fuse([lp.pop("gate"), lp.pop("up")])
         layers.append(lp)
     params = dict(params, layers=tuple(layers))

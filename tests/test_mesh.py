@@ -1,0 +1,121 @@
+"""Models sharded over device meshes (8 fake CPU devices, in a subprocess: see tests/mesh_checks.py).
+
+The default run covers one 2-D mesh with every mesh method, the embedded pair on 2x2, the
+collectives of the compiled decode, SSD on disjoint sub-meshes and the bad inputs; `-m slow`
+adds the other mesh shapes, sampling and every method on 1x2."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _checks(*args: str) -> dict:
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "mesh_checks.py"), *args], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _assert_meshes(results: dict) -> None:
+    for shape, result in results.items():
+        assert all(result["same"].values()), (shape, result["same"])
+        # every split weight holds 1/model of itself per device; norms and KV heads that do not
+        # divide are replicated, a few percent here
+        assert result["max_device_bytes"] <= result["total_bytes"] / result["model"] * 1.15, (shape, result)
+        assert result["devices"] == int(shape.split("x")[0]) * result["model"]
+
+
+def test_2x4_mesh_loaded_sharded_gives_the_unsharded_tokens():
+    _assert_meshes(_checks("meshes", "2x4"))
+
+
+@pytest.mark.slow
+def test_every_mesh_shape_greedy_and_sampled():
+    _assert_meshes(_checks("meshes", "1x2,2x2,1x4,2x4,1x8", "--sampled"))
+
+
+def test_embedded_pair_on_2x2_every_method_identical():
+    results = _checks("embedded", "2x2")
+    assert all(results["2x2"].values()), results
+
+
+@pytest.mark.slow
+def test_embedded_pair_on_1x2_every_method_identical():
+    results = _checks("embedded", "1x2")
+    assert all(results["1x2"].values()), results
+
+
+def test_decode_in_jit_sharded_all_reduces_and_never_gathers_a_weight():
+    found = _checks("hlo")
+    for name, result in found.items():
+        assert result["all_reduces"] >= 2, (name, result)  # after attention and after the MLP, per layer
+        assert result["weight_gathers"] == [], (name, result)
+        assert result["decode_equals_generate"], name  # decode inside the user's jit, sharded
+
+
+def test_ssd_with_target_and_draft_on_disjoint_sub_meshes():
+    result = _checks("ssd")
+    assert result["equal_to_ar"]
+    assert result["target_devices"] == [f"cpu:{i}" for i in range(4)]
+    assert result["draft_devices"] == [f"cpu:{i}" for i in range(4, 8)]
+    assert result["colocated"] is False and result["target_param_devices"] == [0, 1, 2, 3]
+    assert 0.0 <= result["hit_rate"] <= 1.0
+
+
+def test_bad_meshes_rules_and_placements():
+    found = _checks("bad")
+    assert found["no_model_axis"].startswith("InputError") and "no 'model' axis" in found["no_model_axis"]
+    assert "'tensor'" in found["unknown_rule_axis"] and found["unknown_rule_axis"].startswith("InputError")
+    assert "unknown logical axis 'head'" in found["unknown_logical"]
+    assert "heads = 6 is not divisible" in found["heads_not_divisible"] and "size 4" in found["heads_not_divisible"]
+    assert found["kv_replicated"] == "P(None, None, None)"  # 4 KV heads on an 8-way model axis
+    assert "jax.sharding.Mesh" in found["not_a_mesh"]
+    assert found["auto_mesh_works"] == "P('model', None)"
+    assert "cpu:2" in found["draft_elsewhere"] and found["draft_elsewhere"].startswith("InputError")
+    assert "overlap" in found["ssd_overlap"] and "[1, 2]" in found["ssd_overlap"]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_two_processes_under_jax_distributed_print_the_single_process_tokens():
+    script = os.path.join(HERE, "multiprocess_mesh.py")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, script, str(i), port], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    reference = subprocess.run([sys.executable, script, "reference"], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                               capture_output=True, text=True, timeout=900)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    expected = json.loads(reference.stdout.strip().splitlines()[-1])["outputs"]
+    for i, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        result = json.loads(out.strip().splitlines()[-1])
+        assert (result["process"], result["processes"], result["local_devices"], result["global_devices"]) == (i, 2, 2, 4)
+        assert result["outputs"] == expected
+
+
+def test_readme_sharding_block_runs_on_eight_devices(tmp_path):
+    readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "ssd_jax.shard(" in b]
+    assert len(blocks) == 1
+    script = tmp_path / "readme_sharding.py"
+    script.write_text(blocks[0] + "\nassert out.stats['colocated'] is False and len(out.tokens) == 3\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cpu:4" in proc.stdout
