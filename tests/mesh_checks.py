@@ -9,6 +9,8 @@ one device). Prints one JSON line with the findings.
   python tests/mesh_checks.py hlo                         # compiled decode at TP=4: collectives
   python tests/mesh_checks.py ssd                         # SSD, target on devices 0-3, draft on 4-7
   python tests/mesh_checks.py bad                         # bad meshes, rules and placements
+  python tests/mesh_checks.py moe                         # Mixtral experts: default rules, expert parallel
+  python tests/mesh_checks.py hlo + ssd + bad             # several in one process: {"hlo": ..., ...}
 """
 
 from __future__ import annotations
@@ -150,6 +152,29 @@ def check_ssd() -> dict:
                 target_param_devices=sorted({d.id for d in ts.params["embed"].sharding.device_set}))
 
 
+def check_moe() -> dict:
+    """A Mixtral-style target (4 experts, top 2) on a 1x4 mesh, by the default rules (each
+    expert's MLP split over "model") and by expert parallelism (`{"experts": "model", "mlp": None}`:
+    one expert per device): AR and SD give the unsharded tokens."""
+    config = ssd_jax.ModelConfig(model_type="mixtral", vocab_size=128, hidden_size=64, intermediate_size=96,
+                                 num_layers=2, num_heads=8, num_kv_heads=4, head_dim=8, max_position_embeddings=128,
+                                 mlp="moe", num_experts=4, experts_per_token=2, eos_token_ids=(1,))
+    target = ssd_jax.Model(config=config, params=init_params(config, jax.random.PRNGKey(0), scale=0.3))
+    draft = noisy_copy(target, 0.05, 1)
+    prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8]]
+    reference = {m: tokens_of(target, draft, prompts, m, 0.0) for m in ("ar", "sd")}
+    found = {}
+    for name, rules in (("default_rules", None), ("expert_parallel", {"experts": "model", "mlp": None})):
+        mesh = mesh_of("1x4")
+        ts, ds = ssd_jax.shard(target, mesh, rules=rules), ssd_jax.shard(draft, mesh, rules=rules)
+        experts = ts.params["layers"]["experts"]["gate"]["kernel"]
+        found[name] = dict(same={m: tokens_of(ts, ds, prompts, m, 0.0) == reference[m] for m in reference},
+                           expert_spec=str(experts.sharding.spec),
+                           expert_shard_shape=list(experts.addressable_shards[0].data.shape),
+                           expert_shape=list(experts.shape))
+    return found
+
+
 def _error(fn) -> str:
     try:
         fn()
@@ -185,13 +210,28 @@ def check_bad() -> dict:
     )
 
 
-def main(argv: list[str]) -> dict:
+def run_check(argv: list[str]) -> dict:
     check = argv[0]
     if check == "meshes":
         return check_meshes(argv[1].split(","), "--sampled" in argv)
     if check == "embedded":
         return check_embedded(argv[1].split(","), argv[2].split(",") if len(argv) > 2 else ALL_SYNC)
-    return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad)[check]()
+    return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe)[check]()
+
+
+def main(argv: list[str]) -> dict:
+    """One check, or several separated by "+" (one process: jax starts and the models load once),
+    then a dict keyed by each check's name."""
+    if "+" not in argv:
+        return run_check(argv)
+    groups, current = [], []
+    for arg in argv + ["+"]:
+        if arg == "+":
+            groups.append(current)
+            current = []
+        else:
+            current.append(arg)
+    return {group[0]: run_check(group) for group in groups if group}
 
 
 if __name__ == "__main__":

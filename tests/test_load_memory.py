@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+from subprocess_env import fake_devices_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MB = 1e6
 
@@ -21,7 +23,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 
 def _step(step: str, directory: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     proc = subprocess.run([sys.executable, os.path.join(HERE, "load_memory_script.py"), step, directory], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

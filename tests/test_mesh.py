@@ -1,8 +1,9 @@
 """Models sharded over device meshes (8 fake CPU devices, in a subprocess: see tests/mesh_checks.py).
 
-The default run covers one 2-D mesh with every mesh method, the embedded pair on 2x2, the
-collectives of the compiled decode, SSD on disjoint sub-meshes and the bad inputs; `-m slow`
-adds the other mesh shapes, sampling and every method on 1x2."""
+The default run covers one 2-D mesh with the issue's mesh methods, the other methods with the
+embedded pair on 2x2, the collectives of the compiled decode, SSD on disjoint sub-meshes, Mixtral's
+experts and the bad inputs (one subprocess), two processes under jax.distributed and the README's
+block; `-m slow` adds the other mesh shapes, sampling, and every method on 1x2 and 2x2."""
 
 from __future__ import annotations
 
@@ -15,15 +16,29 @@ import sys
 
 import pytest
 
+from subprocess_env import fake_devices_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _checks(*args: str) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     proc = subprocess.run([sys.executable, os.path.join(HERE, "mesh_checks.py"), *args], env=env,
                           capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# The 2x4 check covers AR, SD, GBV, LogitSpec and CSD; the embedded pair on 2x2 covers the other
+# methods, so every method runs sharded in the default run (-m slow: every method on 1x2 and 2x2).
+EMBEDDED_DEFAULT = ("bv", "specinfer", "spectr", "pld")
+
+
+@pytest.fixture(scope="module")
+def default_checks() -> dict:
+    """The default run's checks in one subprocess (jax starts and the embedded pair loads once)."""
+    return _checks("meshes", "2x4", "+", "embedded", "2x2", ",".join(EMBEDDED_DEFAULT), "+", "hlo", "+", "ssd",
+                   "+", "bad", "+", "moe")
 
 
 def _assert_meshes(results: dict) -> None:
@@ -35,8 +50,8 @@ def _assert_meshes(results: dict) -> None:
         assert result["devices"] == int(shape.split("x")[0]) * result["model"]
 
 
-def test_2x4_mesh_loaded_sharded_gives_the_unsharded_tokens():
-    _assert_meshes(_checks("meshes", "2x4"))
+def test_2x4_mesh_loaded_sharded_gives_the_unsharded_tokens(default_checks):
+    _assert_meshes(default_checks["meshes"])
 
 
 @pytest.mark.slow
@@ -44,27 +59,30 @@ def test_every_mesh_shape_greedy_and_sampled():
     _assert_meshes(_checks("meshes", "1x2,2x2,1x4,2x4,1x8", "--sampled"))
 
 
-def test_embedded_pair_on_2x2_every_method_identical():
-    results = _checks("embedded", "2x2")
+def test_embedded_pair_on_2x2_the_other_methods_identical(default_checks):
+    results = default_checks["embedded"]
+    assert set(results["2x2"]) == set(EMBEDDED_DEFAULT)
     assert all(results["2x2"].values()), results
 
 
 @pytest.mark.slow
-def test_embedded_pair_on_1x2_every_method_identical():
-    results = _checks("embedded", "1x2")
-    assert all(results["1x2"].values()), results
+def test_embedded_pair_on_1x2_and_2x2_every_method_identical():
+    results = _checks("embedded", "1x2,2x2")
+    for shape in ("1x2", "2x2"):
+        assert set(results[shape]) == {"ar", "sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd"}
+        assert all(results[shape].values()), results
 
 
-def test_decode_in_jit_sharded_all_reduces_and_never_gathers_a_weight():
-    found = _checks("hlo")
+def test_decode_in_jit_sharded_all_reduces_and_never_gathers_a_weight(default_checks):
+    found = default_checks["hlo"]
     for name, result in found.items():
         assert result["all_reduces"] >= 2, (name, result)  # after attention and after the MLP, per layer
         assert result["weight_gathers"] == [], (name, result)
         assert result["decode_equals_generate"], name  # decode inside the user's jit, sharded
 
 
-def test_ssd_with_target_and_draft_on_disjoint_sub_meshes():
-    result = _checks("ssd")
+def test_ssd_with_target_and_draft_on_disjoint_sub_meshes(default_checks):
+    result = default_checks["ssd"]
     assert result["equal_to_ar"]
     assert result["target_devices"] == [f"cpu:{i}" for i in range(4)]
     assert result["draft_devices"] == [f"cpu:{i}" for i in range(4, 8)]
@@ -72,8 +90,8 @@ def test_ssd_with_target_and_draft_on_disjoint_sub_meshes():
     assert 0.0 <= result["hit_rate"] <= 1.0
 
 
-def test_bad_meshes_rules_and_placements():
-    found = _checks("bad")
+def test_bad_meshes_rules_and_placements(default_checks):
+    found = default_checks["bad"]
     assert found["no_model_axis"].startswith("InputError") and "no 'model' axis" in found["no_model_axis"]
     assert "'tensor'" in found["unknown_rule_axis"] and found["unknown_rule_axis"].startswith("InputError")
     assert "unknown logical axis 'head'" in found["unknown_logical"]
@@ -85,6 +103,18 @@ def test_bad_meshes_rules_and_placements():
     assert "overlap" in found["ssd_overlap"] and "[1, 2]" in found["ssd_overlap"]
 
 
+def test_mixtral_experts_shard_by_the_rules(default_checks):
+    """Default rules split each expert's MLP over "model"; {"experts": "model", "mlp": None} puts
+    one expert per device (expert parallelism). Both decode the unsharded tokens."""
+    found = default_checks["moe"]
+    assert found["default_rules"]["expert_spec"] == "P(None, None, None, 'model')"
+    assert found["default_rules"]["expert_shard_shape"] == [2, 4, 64, 24]
+    assert found["expert_parallel"]["expert_spec"] == "P(None, 'model', None, None)"
+    assert found["expert_parallel"]["expert_shard_shape"] == [2, 1, 64, 96]
+    for name in ("default_rules", "expert_parallel"):
+        assert all(found[name]["same"].values()), (name, found[name])
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -93,7 +123,7 @@ def _free_port() -> int:
 
 def test_two_processes_under_jax_distributed_print_the_single_process_tokens():
     script = os.path.join(HERE, "multiprocess_mesh.py")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(2)
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, script, str(i), port], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(2)]
@@ -115,7 +145,7 @@ def test_readme_sharding_block_runs_on_eight_devices(tmp_path):
     assert len(blocks) == 1
     script = tmp_path / "readme_sharding.py"
     script.write_text(blocks[0] + "\nassert out.stats['colocated'] is False and len(out.tokens) == 3\n")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "cpu:4" in proc.stdout

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from subprocess_env import fake_devices_env
+
 from checkpoints_convert.sharded_read import read_params_sharded
 from hf_models import FAMILY_CONFIGS
 from ssd_jax.errors import InputError
@@ -27,7 +29,7 @@ FAMILIES = ("llama3", "gpt2", "phi3", "mixtral", "gemma")
 
 @pytest.fixture(scope="module")
 def findings(tmp_path_factory) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(8)
     work = str(tmp_path_factory.mktemp("sharded_read"))
     proc = subprocess.run([sys.executable, os.path.join(HERE, "sharded_read_script.py"), work], env=env,
                           capture_output=True, text=True, timeout=600)

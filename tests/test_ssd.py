@@ -22,6 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from subprocess_env import fake_devices_env
+
 import ssd_jax
 from method_options import make
 from ssd_jax import verify
@@ -362,7 +364,7 @@ def test_cli_flags_reach_generate(capsys):
 # ---------------------------------------------------------------------------------- several devices
 
 def _multidevice(check: str, devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = fake_devices_env(devices)
     proc = subprocess.run([sys.executable, os.path.join(HERE, "ssd_multidevice.py"), check], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
