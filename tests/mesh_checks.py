@@ -82,6 +82,7 @@ def check_meshes(shapes: list[str], sampled: bool) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         tdir, ddir = export_hf(target, os.path.join(tmp, "t")), export_hf(draft, os.path.join(tmp, "d"))
         total = sum(x.nbytes for x in jax.tree.leaves(target.params))
+        kv_bytes = sum(x.nbytes for x in jax.tree.leaves((target.params["layers"]["k"], target.params["layers"]["v"])))
         for shape in shapes:
             mesh = mesh_of(shape)
             t_sharded = ssd_jax.load(tdir, mesh=mesh)
@@ -90,6 +91,7 @@ def check_meshes(shapes: list[str], sampled: bool) -> dict:
             same = {f"{m}@{t}": tokens_of(t_sharded, d_sharded, prompts, m, t) == reference[(m, t)]
                     for m in MESH_METHODS for t in temperatures}
             results[shape] = dict(same=same, total_bytes=total, max_device_bytes=max(per.values()),
+                                  kv_bytes=kv_bytes, kv_heads=target.config.num_kv_heads,
                                   devices=len(per), model=int(mesh.shape["model"]),
                                   embed_spec=str(t_sharded.params["embed"].sharding.spec))
     return results
