@@ -10,6 +10,7 @@ one device). Prints one JSON line with the findings.
   python tests/mesh_checks.py ssd                         # SSD, target on devices 0-3, draft on 4-7
   python tests/mesh_checks.py bad                         # bad meshes, rules and placements
   python tests/mesh_checks.py moe                         # Mixtral experts: default rules, expert parallel
+  python tests/mesh_checks.py model_only                  # a mesh with only a "model" axis
   python tests/mesh_checks.py hlo + ssd + bad             # several in one process: {"hlo": ..., ...}
 """
 
@@ -154,6 +155,17 @@ def check_ssd() -> dict:
                 target_param_devices=sorted({d.id for d in ts.params["embed"].sharding.device_set}))
 
 
+def check_model_only() -> dict:
+    """A mesh with only a "model" axis (no "data"): AR and SD give the unsharded tokens."""
+    target = random_llama(0)
+    draft = noisy_copy(target, 0.05, 7)
+    prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8], [100, 101, 102]]
+    mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
+    ts, ds = ssd_jax.shard(target, mesh), ssd_jax.shard(draft, mesh)
+    return dict(same={m: tokens_of(ts, ds, prompts, m, 0.0) == tokens_of(target, draft, prompts, m, 0.0)
+                      for m in ("ar", "sd")}, q_spec=str(ts.params["layers"]["q"]["kernel"].sharding.spec))
+
+
 def check_moe() -> dict:
     """A Mixtral-style target (4 experts, top 2) on a 1x4 mesh, by the default rules (each
     expert's MLP split over "model") and by expert parallelism (`{"experts": "model", "mlp": None}`:
@@ -218,7 +230,8 @@ def run_check(argv: list[str]) -> dict:
         return check_meshes(argv[1].split(","), "--sampled" in argv)
     if check == "embedded":
         return check_embedded(argv[1].split(","), argv[2].split(",") if len(argv) > 2 else ALL_SYNC)
-    return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe)[check]()
+    return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe,
+                model_only=check_model_only)[check]()
 
 
 def main(argv: list[str]) -> dict:

@@ -40,8 +40,19 @@ def main(process_id: int | None, port: int | None) -> dict:
         out = ssd_jax.generate(ts, prompts, method=method, draft=ds if method == "sd" else None, max_new_tokens=16,
                                temperature=temperature, key=jax.random.PRNGKey(3))
         outputs[name] = out.tokens
+    others = None
+    if process_id is not None:  # a mesh of the other process's devices only
+        import numpy as np
+        from jax.sharding import Mesh
+
+        theirs = [d for d in jax.devices() if d.process_index != jax.process_index()]
+        try:
+            ssd_jax.shard(target, Mesh(np.array(theirs).reshape(1, len(theirs)), ("data", "model")))
+            others = "no error"
+        except ssd_jax.InputError as err:
+            others = "InputError: " + str(err)
     return dict(process=jax.process_index(), processes=jax.process_count(), local_devices=len(jax.local_devices()),
-                global_devices=len(jax.devices()), outputs=outputs)
+                global_devices=len(jax.devices()), outputs=outputs, other_process_mesh=others)
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ EMBEDDED_DEFAULT = ("bv", "specinfer", "spectr", "pld")
 def default_checks() -> dict:
     """The default run's checks in one subprocess (jax starts and the embedded pair loads once)."""
     return _checks("meshes", "2x4", "+", "embedded", "2x2", ",".join(EMBEDDED_DEFAULT), "+", "hlo", "+", "ssd",
-                   "+", "bad", "+", "moe")
+                   "+", "bad", "+", "moe", "+", "model_only")
 
 
 def _assert_meshes(results: dict) -> None:
@@ -105,6 +105,12 @@ def test_bad_meshes_rules_and_placements(default_checks):
     assert "overlap" in found["ssd_overlap"] and "[1, 2]" in found["ssd_overlap"]
 
 
+def test_mesh_with_only_a_model_axis(default_checks):
+    found = default_checks["model_only"]
+    assert found["q_spec"] == "P(None, None, 'model')"  # stacked [layers, embed, heads]
+    assert all(found["same"].values()), found
+
+
 def test_mixtral_experts_shard_by_the_rules(default_checks):
     """Default rules split each expert's MLP over "model"; {"experts": "model", "mlp": None} puts
     one expert per device (expert parallelism). Both decode the unsharded tokens."""
@@ -139,6 +145,7 @@ def test_two_processes_under_jax_distributed_print_the_single_process_tokens():
         result = json.loads(out.strip().splitlines()[-1])
         assert (result["process"], result["processes"], result["local_devices"], result["global_devices"]) == (i, 2, 2, 4)
         assert result["outputs"] == expected
+        assert result["other_process_mesh"].startswith("InputError") and f"process {i}" in result["other_process_mesh"]
 
 
 def test_readme_sharding_block_runs_on_eight_devices(tmp_path):

@@ -47,11 +47,17 @@ def _auto_mesh(mesh: Mesh) -> Mesh:
 
 
 def _check_addressable(devices) -> None:
-    """In a single-process run every device of the mesh must belong to this process."""
-    if jax.process_count() > 1:
-        return
+    """In a single-process run every device of the mesh must belong to this process; under
+    jax.distributed each process must own some of the mesh's devices (it holds their shards and
+    runs its part of every program)."""
     here = jax.process_index()
     foreign = [d for d in devices if getattr(d, "process_index", here) != here]
+    if jax.process_count() > 1:
+        if len(foreign) == len(devices):
+            raise InputError(f"none of the mesh devices {[str(d) for d in devices]} belongs to process {here}; "
+                             f"under jax.distributed every process must own part of the mesh (build it from "
+                             f"jax.devices())")
+        return
     if foreign:
         raise InputError(f"mesh devices {[str(d) for d in foreign]} belong to another process, but this is a "
                          f"single-process run; call jax.distributed.initialize() first, or build the mesh from "
