@@ -45,7 +45,10 @@ def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, r
     if drafts:
         accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
         drafted = sum(o.stats["num_draft_tokens"] for o in outs)
-        per_position = np.sum([np.array(o.stats["accepted_per_position"], float) for o in outs], axis=0)
+        # Under draft_len="auto" the length, hence the width of per-position counts, varies by call.
+        width = max(len(o.stats["accepted_per_position"]) for o in outs)
+        per_position = np.sum([np.pad(np.array(o.stats["accepted_per_position"], float),
+                                      (0, width - len(o.stats["accepted_per_position"]))) for o in outs], axis=0)
         result.update(acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=1 + accepted / drafts,
                       acceptance_per_position=(per_position / drafts).tolist())
     for name in extra or ():

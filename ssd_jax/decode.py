@@ -94,7 +94,7 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
         return schedule.width + schedule.max_pending + 1
     if name == "ssd":
         return 2 * method.draft_len + 2
-    return method.draft_len
+    return method.max_len
 
 
 def check_positions(method: Method, target: Model, draft, sampling: SamplingParams, longest: int,

@@ -27,7 +27,8 @@ from ssd_jax.sharding import colocate
 from ssd_jax.sharding.placement import place_array
 
 # The keyword options generate() took before method objects: old name -> method field.
-OLD_OPTIONS = dict(num_draft_tokens="draft_len", num_paths="paths", prompt_lookup_min="min_ngram",
+OLD_OPTIONS = dict(num_draft_tokens="draft_len", max_draft_len="max_draft_len", draft_threshold="threshold",
+                   num_paths="paths", prompt_lookup_min="min_ngram",
                    prompt_lookup_max="max_ngram", logitspec_topk="topk", tree_capacity="tree_size",
                    max_ngram="max_ngram", k_matrix="k_matrix", lenience="lenience",
                    max_draft_tokens="max_draft_tokens", fanout_budget="fanout_budget", fanout="fanout",
@@ -165,14 +166,75 @@ def generate(
     streaming = stream is not None
     fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
                            stream=streaming)
-    executable, compile_s = PROGRAMS.compiled(fn, ("decode", method, sampling, eos_ids, out_size, streaming), *args)
+    auto = _auto_plan(method, args[0], args[1], sampling, batch, int(max_new_tokens)) \
+        if getattr(method, "adaptive", False) else None
+    if auto is not None:
+        fn = functools.partial(_decode_with_costs, plan=auto.plan, **fn.keywords)
+        args = args + (jnp.asarray(auto.loop_inputs) if target.placement is None
+                       else place_array(auto.loop_inputs, target.placement.replicated()),)
+    program_key = ("decode", method, sampling, eos_ids, out_size, streaming, auto and auto.plan)
+    executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
+    if auto is not None and not streaming:
+        args = args[:-1] + (auto.calibrate(executable, args, program_key),)
     start = time.perf_counter()
     with streaming_to(stream):
         output = jax.block_until_ready(executable(*args))
     wall = time.perf_counter() - start
+    stats = _method_stats(method, draft, sampling, output)
+    if auto is not None:
+        stats.update(auto.record(output.counters["spec"]))
     return generate_output(method.name, output.tokens, output.num_tokens, output.finish_reason,
-                           output.counters["spec"], wall, compile_s, _method_stats(method, draft, sampling, output),
-                           drafts=method.name != "ar")
+                           output.counters["spec"], wall, compile_s, stats, drafts=method.name != "ar")
+
+
+def _decode_with_costs(target, draft, tokens, lengths, keys, max_new, costs, **options):
+    return decode_arrays(target, draft, tokens, lengths, keys, max_new, costs=costs, **options)
+
+
+@dataclasses.dataclass
+class _Auto:
+    """A call's adaptive-speculation plan and what to remember after it."""
+
+    plan: object
+    loop_inputs: np.ndarray
+    costs: object
+    memory_key: tuple
+    measure_s: float
+
+    def calibrate(self, executable, args: tuple, program_key) -> jax.Array:
+        """The loop's cost inputs measured on the call's own compiled program (once per program):
+        a short run forced to speculate and one forced to decode plainly give the step times
+        that the per-forward measurement misses (sampling, verification, bookkeeping)."""
+        from ssd_jax.engine.adaptive import calibrated_inputs
+
+        inputs = calibrated_inputs(executable, args, program_key, self.costs, self.loop_inputs)
+        self.loop_inputs = inputs
+        costs = args[-1]
+        return jax.device_put(inputs, costs.sharding)
+
+    def record(self, counters) -> dict:
+        """Remembers the call's acceptance for the next plan; the stats of the plan."""
+        from ssd_jax.engine.adaptive import ACCEPTANCE, acceptance_of
+
+        counters = jax.device_get(counters)
+        observed = acceptance_of(int(np.sum(counters.num_accepted)), int(np.sum(counters.num_rejected)))
+        ACCEPTANCE.update(self.memory_key, observed)
+        return dict(adaptive=True, num_draft_tokens_per_step=self.plan.draft_len, planned_draft_len=self.plan.draft_len,
+                    early_stop_threshold=self.plan.threshold, observed_acceptance=observed,
+                    cost_measure_time_s=self.measure_s, loop_costs=[float(x) for x in self.loop_inputs])
+
+
+def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, batch, max_new_tokens: int) -> _Auto:
+    """Measures the pair's costs (once per process and shape) and plans the call."""
+    from ssd_jax.engine import adaptive
+
+    start = time.perf_counter()
+    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
+                                   method.max_draft_len)
+    plan, loop_inputs = adaptive.plan(method, target, draft, sampling, costs)
+    return _Auto(plan=plan, loop_inputs=loop_inputs, costs=costs,
+                 memory_key=adaptive.acceptance_key(target, draft, method, sampling),
+                 measure_s=time.perf_counter() - start)
 
 
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,

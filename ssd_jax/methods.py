@@ -23,16 +23,22 @@ import numpy as np
 
 from ssd_jax.errors import InputError
 
-# The one table of defaults. L = 5 and K = 2 beat the alternatives wall-clock on CPU
+# The one table of defaults. draft_len "auto": adaptive speculation (`ssd_jax.engine.adaptive`):
+# the cost model picks a length up to max_draft_len per call and falls back to plain decoding
+# inside the loop when speculation does not pay; single-path drafts stop early per row when the
+# draft's top probability falls below threshold. It is opt-in until its cost model measures at
+# least as fast as the fixed L = 5 (issue 17); L = 5 and K = 2 beat the alternatives on CPU
 # (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
 # speculations per step (benchmarks/bench_ssd.py: SSD's build drafts L tokens for every slot).
+AUTO = "auto"
+_ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=0.02)
 DEFAULTS: dict[str, dict] = {
     "ar": {},
-    "sd": dict(draft_len=5),
-    "bv": dict(draft_len=5),
-    "specinfer": dict(draft_len=5, paths=2),
-    "spectr": dict(draft_len=5, paths=2),
-    "gbv": dict(draft_len=5, paths=2),
+    "sd": dict(_ADAPTIVE),
+    "bv": dict(_ADAPTIVE),
+    "specinfer": dict(_ADAPTIVE, paths=2),
+    "spectr": dict(_ADAPTIVE, paths=2),
+    "gbv": dict(_ADAPTIVE, paths=2),
     "pld": dict(draft_len=5, min_ngram=1, max_ngram=3),
     # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=5, topk=16, tree_size=None, max_ngram=3),
@@ -62,6 +68,15 @@ def positive_int(name: str, value):
     """An integer >= 1 (Python or NumPy; not bool) -> int."""
     if not _is_int(value) or value < 1:
         raise InputError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def draft_length(name: str, value):
+    """An integer >= 1, or "auto" (adaptive speculation)."""
+    if value == AUTO and isinstance(value, str):
+        return AUTO
+    if not _is_int(value) or value < 1:
+        raise InputError(f"{name} must be an integer >= 1 or {AUTO!r} (adaptive), got {value!r}")
     return int(value)
 
 
@@ -152,14 +167,36 @@ class AR(Method):
     name: ClassVar[str] = "ar"
 
 
+_ADAPTIVE_RULES = dict(draft_len=draft_length, max_draft_len=positive_int,
+                       threshold=_number_in(0.0, 1.0, closed=False))
+
+
 @dataclasses.dataclass(frozen=True)
-class _SinglePath(Method):
-    draft_len: int = 5
-    RULES: ClassVar[dict] = dict(draft_len=positive_int)
+class _Adaptive(Method):
+    """A draft-model method with adaptive speculation: draft_len an int (fixed) or "auto";
+    max_draft_len: the static maximum "auto" may choose; threshold in (0, 1): a single-path draft
+    stops early when its top probability for the next token falls below it ("auto" only)."""
+
+    @property
+    def adaptive(self) -> bool:
+        return self.draft_len == AUTO
+
+    @property
+    def max_len(self) -> int:
+        """The longest draft this method may propose (the static maximum under "auto")."""
+        return self.max_draft_len if self.adaptive else self.draft_len
 
     @property
     def drafts_with_model(self) -> bool:
         return True
+
+
+@dataclasses.dataclass(frozen=True)
+class _SinglePath(_Adaptive):
+    draft_len: int | str = 5
+    max_draft_len: int = 8
+    threshold: float = 0.02
+    RULES: ClassVar[dict] = _ADAPTIVE_RULES
 
     @property
     def paths(self) -> int:
@@ -171,7 +208,9 @@ class SD(_SinglePath):
     """Speculative decoding with a draft model, tokenwise verification (Leviathan et al.)."""
 
     name: ClassVar[str] = "sd"
-    draft_len: int = _d("sd", "draft_len")
+    draft_len: int | str = _d("sd", "draft_len")
+    max_draft_len: int = _d("sd", "max_draft_len")
+    threshold: float = _d("sd", "threshold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,18 +218,21 @@ class BV(_SinglePath):
     """Speculative decoding with a draft model, block verification (Sun et al.)."""
 
     name: ClassVar[str] = "bv"
-    draft_len: int = _d("bv", "draft_len")
+    draft_len: int | str = _d("bv", "draft_len")
+    max_draft_len: int = _d("bv", "max_draft_len")
+    threshold: float = _d("bv", "threshold")
 
 
 @dataclasses.dataclass(frozen=True)
-class _MultiPath(Method):
-    draft_len: int = 5
-    paths: int = 2
-    RULES: ClassVar[dict] = dict(draft_len=positive_int, paths=positive_int)
+class _MultiPath(_Adaptive):
+    """Under "auto" the K paths of a row share one length, chosen before drafting (cost model);
+    no early stop inside a step: stopping on what the paths drafted breaks GBV's exactness."""
 
-    @property
-    def drafts_with_model(self) -> bool:
-        return True
+    draft_len: int | str = 5
+    paths: int = 2
+    max_draft_len: int = 8
+    threshold: float = 0.02
+    RULES: ClassVar[dict] = dict(_ADAPTIVE_RULES, paths=positive_int)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,7 +240,9 @@ class SpecInfer(_MultiPath):
     """K i.i.d. draft paths in a token tree, recursive rejection sampling (SpecInfer)."""
 
     name: ClassVar[str] = "specinfer"
-    draft_len: int = _d("specinfer", "draft_len")
+    draft_len: int | str = _d("specinfer", "draft_len")
+    max_draft_len: int = _d("specinfer", "max_draft_len")
+    threshold: float = _d("specinfer", "threshold")
     paths: int = _d("specinfer", "paths")
 
 
@@ -207,7 +251,9 @@ class SpecTr(_MultiPath):
     """K i.i.d. draft paths in a token tree, k-sequential verification (SpecTr)."""
 
     name: ClassVar[str] = "spectr"
-    draft_len: int = _d("spectr", "draft_len")
+    draft_len: int | str = _d("spectr", "draft_len")
+    max_draft_len: int = _d("spectr", "max_draft_len")
+    threshold: float = _d("spectr", "threshold")
     paths: int = _d("spectr", "paths")
 
 
@@ -216,7 +262,9 @@ class GBV(_MultiPath):
     """K i.i.d. draft paths in a token tree, greedy multi-path block verification."""
 
     name: ClassVar[str] = "gbv"
-    draft_len: int = _d("gbv", "draft_len")
+    draft_len: int | str = _d("gbv", "draft_len")
+    max_draft_len: int = _d("gbv", "max_draft_len")
+    threshold: float = _d("gbv", "threshold")
     paths: int = _d("gbv", "paths")
 
 

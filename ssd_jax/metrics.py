@@ -6,6 +6,9 @@ for a draft model; the valid tree nodes for retrieval drafters, whose matches ca
 num_accepted_tokens: draft tokens accepted; accepted_per_position[i]: drafts whose token i+1 was
 accepted; acceptance_rate = accepted / drafted; mean_acceptance_length = 1 + accepted / num_drafts
 (counts the bonus token); block_efficiency = generated tokens / target calls (per row, summed).
+Adaptive speculation adds num_rejected (drafts that ended in a rejection: the acceptance model's
+evidence), ar_steps (loop steps that fell back to plain decoding), mean_draft_len and
+ar_fallback_share (ar_steps / decode steps).
 """
 
 from __future__ import annotations
@@ -19,20 +22,23 @@ from flax import struct
 @struct.dataclass
 class SpecCounters:
     """num_drafts int32 [B]; num_drafted int32 [B]; num_accepted int32 [B]; per_position int32 [B, L];
-    target_calls int32 []."""
+    target_calls int32 []; num_rejected int32 [B]; ar_steps int32 [B]."""
 
     num_drafts: jax.Array
     num_drafted: jax.Array
     num_accepted: jax.Array
     per_position: jax.Array
     target_calls: jax.Array
+    num_rejected: jax.Array
+    ar_steps: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, num_draft_tokens: int) -> "SpecCounters":
         return cls(num_drafts=jnp.zeros((batch,), jnp.int32), num_drafted=jnp.zeros((batch,), jnp.int32),
                    num_accepted=jnp.zeros((batch,), jnp.int32),
                    per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
-                   target_calls=jnp.ones((), jnp.int32))
+                   target_calls=jnp.ones((), jnp.int32), num_rejected=jnp.zeros((batch,), jnp.int32),
+                   ar_steps=jnp.zeros((batch,), jnp.int32))
 
     def record(self, active: jax.Array, num_accepted: jax.Array, num_drafted: jax.Array | None = None
                ) -> "SpecCounters":
@@ -42,9 +48,16 @@ class SpecCounters:
         act = active.astype(jnp.int32)
         drafted = jnp.full_like(act, length) if num_drafted is None else num_drafted.astype(jnp.int32)
         positions = (jnp.arange(length)[None, :] < num_accepted[:, None]).astype(jnp.int32) * act[:, None]
-        return SpecCounters(num_drafts=self.num_drafts + act, num_drafted=self.num_drafted + drafted * act,
+        rejected = (num_accepted < drafted).astype(jnp.int32) * act
+        return self.replace(num_drafts=self.num_drafts + act, num_drafted=self.num_drafted + drafted * act,
                             num_accepted=self.num_accepted + num_accepted * act,
-                            per_position=self.per_position + positions, target_calls=self.target_calls + 1)
+                            per_position=self.per_position + positions, target_calls=self.target_calls + 1,
+                            num_rejected=self.num_rejected + rejected)
+
+    def record_ar_step(self, active: jax.Array) -> "SpecCounters":
+        """One loop step that fell back to plain decoding (a target call, no draft) for the
+        active rows (bool [B])."""
+        return self.replace(target_calls=self.target_calls + 1, ar_steps=self.ar_steps + active.astype(jnp.int32))
 
 
 def speculative_stats(counters: SpecCounters, num_out: np.ndarray) -> dict:
@@ -53,7 +66,8 @@ def speculative_stats(counters: SpecCounters, num_out: np.ndarray) -> dict:
     accepted = int(np.sum(counters.num_accepted))
     drafted = int(np.sum(counters.num_drafted))
     generated = int(np.sum(num_out))
-    row_calls = int(np.sum(np.asarray(counters.num_drafts) + 1))  # + the prefill call
+    ar_steps = int(np.sum(counters.ar_steps))
+    row_calls = drafts + ar_steps + int(np.size(counters.num_drafts))  # + the prefill call
     return dict(
         num_drafts=drafts,
         num_draft_tokens=drafted,
@@ -63,4 +77,7 @@ def speculative_stats(counters: SpecCounters, num_out: np.ndarray) -> dict:
         mean_acceptance_length=1 + accepted / drafts if drafts else 0.0,
         block_efficiency=generated / row_calls if row_calls else 0.0,
         target_calls=int(counters.target_calls),
+        mean_draft_len=drafted / drafts if drafts else 0.0,
+        ar_fallback_share=ar_steps / (drafts + ar_steps) if drafts + ar_steps else 0.0,
+        num_rejected=int(np.sum(counters.num_rejected)),
     )

@@ -40,7 +40,12 @@ def register(subparsers) -> None:
     parser.add_argument("--method", default=CLI_DEFAULT_METHOD,
                         help=f"one of {', '.join(METHODS)} (default: {CLI_DEFAULT_METHOD}; defaults of every option: "
                              f"ssd_jax.methods.DEFAULTS, README)")
-    parser.add_argument("--num-draft-tokens", type=int, default=None, help="draft length L (speculative methods)")
+    parser.add_argument("--num-draft-tokens", type=draft_len_arg, default=None,
+                        help="draft length L, or 'auto' for adaptive speculation (speculative methods)")
+    parser.add_argument("--max-draft-len", type=int, default=None,
+                        help="the longest draft --num-draft-tokens auto may choose (8)")
+    parser.add_argument("--draft-threshold", type=float, default=None,
+                        help="auto: a single-path draft stops when its top probability falls below this (0.02)")
     parser.add_argument("--num-paths", type=int, default=None, help="draft paths K (multi-path methods)")
     retrieval = parser.add_argument_group("retrieval drafting (--method pld|logitspec)")
     retrieval.add_argument("--prompt-lookup-min", type=int, default=None, help="pld: smallest n-gram matched (1)")
@@ -73,6 +78,16 @@ def register(subparsers) -> None:
     parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     add_sampling_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def draft_len_arg(text: str):
+    """'auto' or an integer (checked by the method object)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def parse_k_matrix_arg(text: str) -> list[list[int]]:
@@ -148,7 +163,7 @@ class TextStreamer:
 
 
 # Method options settable from the command line (argparse dest -> method field: generate.OLD_OPTIONS).
-METHOD_OPTION_FLAGS = ("num_draft_tokens", "num_paths", "prompt_lookup_min", "prompt_lookup_max", "logitspec_topk",
+METHOD_OPTION_FLAGS = ("num_draft_tokens", "max_draft_len", "draft_threshold", "num_paths", "prompt_lookup_min", "prompt_lookup_max", "logitspec_topk",
                        "tree_capacity", "max_ngram", "fanout_budget", "fanout", "saguaro_c", "fallback",
                        "k_matrix", "max_draft_tokens", "lenience")
 

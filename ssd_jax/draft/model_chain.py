@@ -60,3 +60,70 @@ def draft_paths(
     paths = jnp.concatenate([tokens.T, last[:, None]], axis=1)
     q = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q_last[:, None]], axis=1)
     return paths, q, cache
+
+
+def draft_path_until_unsure(
+    params: dict,
+    config: ModelConfig,
+    cache: KVCache,
+    chunk: jax.Array,
+    chunk_len: jax.Array,
+    keys: jax.Array,
+    active: jax.Array,
+    *,
+    max_draft_tokens: int,
+    threshold: float,
+    sampling: SamplingParams,
+    target_vocab: int,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, KVCache]:
+    """Drafts one path per row, each row stopping when the draft's top probability for its next
+    token falls below threshold (or at max_draft_tokens L): a `lax.while_loop` that ends when
+    every row has stopped.
+
+    A row decides whether to draft token i+1 from the draft's law after its first i tokens, before
+    sampling it, so the length is a stopping time of the draft's own process: token-wise and block
+    verification of the proposed tokens stay exact (tests/test_adaptive.py). The confidence is
+    the top of the processed law q at temperature > 0 and of softmax(logits) at temperature 0.
+
+    cache: draft cache of batch B; chunk int32 [B, C] with chunk_len [B] valid (see
+    `draft_paths`); keys uint32 [B, 2]; active bool [B] (inactive rows propose nothing).
+    Returns (path int32 [B, L] (entries at or past a row's length are meaningless), q float32
+    [B, L, target_vocab], lengths int32 [B] in [0, L], draft forwards run after the catch-up
+    int32 [], cache with the chunk and the first forwards' tokens committed).
+    """
+    n, c = chunk.shape
+    L = max_draft_tokens
+    positions = cache.lengths[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
+    logits, cache = forward_cached(params, config, chunk, positions, cache, logit_indices=(chunk_len - 1)[:, None])
+    cache = commit(cache, chunk_len)
+
+    def propose(logits, i, going):
+        logits = align_logits(logits, target_vocab)
+        q = probabilities(logits, sampling)
+        confident = jnp.max(q if not sampling.greedy else jax.nn.softmax(logits.astype(jnp.float32), axis=-1),
+                            axis=-1) >= threshold
+        going = going & confident
+        draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
+        token = jnp.argmax(q, axis=-1).astype(jnp.int32) if sampling.greedy else jax.vmap(sample)(draw_keys, q)
+        return token, q, going
+
+    token, q0, going = propose(logits[:, 0], 0, active)
+    tokens = jnp.zeros((n, L), jnp.int32).at[:, 0].set(token)
+    qs = jnp.zeros((n, L, q0.shape[-1]), jnp.float32).at[:, 0].set(q0)
+
+    def body(carry):
+        i, cache, tokens, qs, going, lengths = carry
+        new_logits, cache = forward_cached(params, config, tokens[:, i - 1][:, None], cache.lengths[:, None], cache)
+        cache = commit(cache, jnp.ones((n,), jnp.int32))
+        token, q, going = propose(new_logits[:, 0], i, going)
+        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
+        qs = jax.lax.dynamic_update_slice(qs, q[:, None], (0, i, 0))
+        return i + 1, cache, tokens, qs, going, lengths + going.astype(jnp.int32)
+
+    def more(carry):
+        i, going = carry[0], carry[4]
+        return (i < L) & jnp.any(going)
+
+    i, cache, tokens, qs, _, lengths = jax.lax.while_loop(
+        more, body, (jnp.ones((), jnp.int32), cache, tokens, qs, going, going.astype(jnp.int32)))
+    return tokens, qs, lengths, i - 1, cache

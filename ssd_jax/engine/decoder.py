@@ -12,6 +12,7 @@ from ssd_jax.backend import policy_for
 from ssd_jax.engine.autoregressive import ar_parts, in_loop_params
 from ssd_jax.engine.cascade import cascade_parts
 from ssd_jax.engine.retrieval import retrieval_parts
+from ssd_jax.engine.adaptive_loop import run_adaptive
 from ssd_jax.engine.skeleton import run
 from ssd_jax.engine.speculative import speculative_parts
 from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
@@ -41,8 +42,10 @@ def split_cascade(draft) -> tuple[tuple, object]:
     return (drafts[:-1] if maxgram is not None else drafts), maxgram
 
 
-def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, prompt_width: int, out_size: int):
-    """The skeleton parts of `method` for these models (traced params inside) and static sizes."""
+def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, prompt_width: int, out_size: int,
+               plan=None):
+    """The skeleton parts of `method` for these models (traced params inside) and static sizes;
+    plan: the `AutoPlan` of a method with draft_len "auto"."""
     tparams, tcfg = in_loop_params(target), target.config
     if isinstance(method, AR):
         return ar_parts(tparams, tcfg, sampling, prompt_width, out_size)
@@ -54,7 +57,7 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
         return cascade_parts(method, tparams, tcfg, tuple(in_loop_params(m) for m in models),
                              tuple(m.config for m in models), bigram, sampling, prompt_width, out_size)
     return speculative_parts(method, tparams, tcfg, in_loop_params(draft), draft.config,
-                             sampling, prompt_width, out_size)
+                             sampling, prompt_width, out_size, plan=plan)
 
 
 def _extra_rows(rows: int, method: Method, target: Model, stream: bool) -> int:
@@ -71,7 +74,7 @@ def _extra_rows(rows: int, method: Method, target: Model, stream: bool) -> int:
 
 def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
                   *, method: Method, sampling: SamplingParams, eos_ids: tuple, out_size: int,
-                  stream: bool = False) -> DecodeOutput:
+                  stream: bool = False, plan=None, costs=None) -> DecodeOutput:
     """Traced decode of right-padded tokens int32 [B, T] (lengths int32 [B]) with per-row keys
     uint32 [B, 2]; at most max_new (int32 []) tokens per row in out_size slots; inputs trusted.
 
@@ -79,7 +82,10 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     up to that many (rows are independent, so row 0's copies change nothing) and returns the
     real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`).
     Likewise, with a target sharded over a "data" axis of size d (and no stream), the batch is
-    padded with copies of row 0 to a multiple of d so its rows split evenly over "data"."""
+    padded with copies of row 0 to a multiple of d so its rows split evenly over "data".
+    A method with draft_len "auto" runs the adaptive loop (`ssd_jax.engine.adaptive_loop`) with
+    plan (static `AutoPlan`) and costs (float32 [4], `ssd_jax.engine.adaptive.loop_inputs`); both
+    default to what this process knows of the pair (`ssd_jax.engine.adaptive.default_plan`)."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target, stream)
     if extra:
@@ -87,11 +93,23 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     if target.placement is not None:
         row_sharding = target.placement.rows(tokens.shape[0])
         tokens, lengths, keys = (jax.lax.with_sharding_constraint(x, row_sharding) for x in (tokens, lengths, keys))
-    parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size)
+    adaptive = getattr(method, "adaptive", False)
+    if adaptive and (plan is None or costs is None):
+        from ssd_jax.engine.adaptive import default_plan
+
+        default, default_costs = default_plan(method, target, draft, sampling, tokens.shape[0],
+                                              tokens.shape[1] + out_size)
+        plan = plan if plan is not None else default
+        costs = costs if costs is not None else default_costs
+    parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size, plan=plan if adaptive else None)
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
-    state = run(parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
-                jnp.asarray(max_new, jnp.int32), eos, sampling=sampling, out_size=out_size, stream=stream,
-                placement=target.placement)
+    loop_args = (parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
+                 jnp.asarray(max_new, jnp.int32), eos)
+    loop_options = dict(sampling=sampling, out_size=out_size, stream=stream, placement=target.placement)
+    if adaptive:
+        state = run_adaptive(*loop_args, jnp.asarray(costs, jnp.float32), **loop_options)
+    else:
+        state = run(*loop_args, **loop_options)
     counters = dict(spec=state.counters)
     if isinstance(method, CSD):
         counters["reviews"] = state.inner.counters

@@ -23,12 +23,17 @@ class ParamsCache:
         self._entries: collections.OrderedDict = collections.OrderedDict()
         self._size = size
         self._lock = threading.Lock()
+        # Entries whose params were collected, dropped at the next call: a finalizer may run in
+        # the middle of a call that holds the lock (a garbage collection there), so it never
+        # takes the lock itself (that deadlocked).
+        self._dead: collections.deque = collections.deque()
 
     def get(self, params: Any, key: Hashable, make: Callable[[], Any]) -> tuple[Any, bool]:
         """(value, made): the cached value for (params, key), or make()'s (then kept when it can be)."""
         leaves = jax.tree.leaves(params)
         slot = (tuple(id(x) for x in leaves), key)
         with self._lock:
+            self._drop_dead()
             entry = self._entries.get(slot)
             if entry is not None and all(ref() is x for ref, x in zip(entry[0], leaves)):
                 self._entries.move_to_end(slot)
@@ -42,6 +47,7 @@ class ParamsCache:
         except TypeError:  # leaves that cannot be weakly referenced (e.g. numpy arrays): not kept
             return value, True
         with self._lock:
+            self._drop_dead()
             self._entries[slot] = (refs, value)
             self._entries.move_to_end(slot)
             while len(self._entries) > self._size:
@@ -50,13 +56,20 @@ class ParamsCache:
         return value, True
 
     def _drop(self, slot, refs) -> None:
-        with self._lock:
+        self._dead.append((slot, refs))   # deque.append is atomic; no lock here (see __init__)
+
+    def _drop_dead(self) -> None:
+        """Drops the entries of collected params (the caller holds the lock)."""
+        while self._dead:
+            slot, refs = self._dead.popleft()
             entry = self._entries.get(slot)
             if entry is not None and entry[0] is refs:
                 del self._entries[slot]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            self._drop_dead()
+            return len(self._entries)
 
     def clear(self) -> None:
         with self._lock:

@@ -56,7 +56,8 @@ class Verdict:
     """A method step's outcome. tcache: the target cache with the accepted tokens committed;
     inner: the method's new state; chosen int32 [B, M]: the path the accepted tokens are its
     first `accepted`; accepted int32 [B]; next_token int32 [B]: the correction or bonus token;
-    drafted int32 [B] tokens proposed, or None for `counter_width` per row."""
+    drafted int32 [B] tokens proposed, or None for `counter_width` per row; draft_forwards int32
+    []: the draft forwards the step ran after its catch-up (adaptive speculation's cost input)."""
 
     tcache: KVCache
     inner: Any
@@ -64,6 +65,7 @@ class Verdict:
     accepted: jax.Array
     next_token: jax.Array
     drafted: jax.Array | None = None
+    draft_forwards: jax.Array | None = None
 
 
 class Parts(Protocol):
@@ -112,12 +114,10 @@ def fold_rows(keys: jax.Array, data) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
 
 
-def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
-        max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
-        stream: bool, placement=None) -> DecodeState:
-    """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
-    uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
-    any of eos_ids int32 [E]. placement: the target's (see `prefill`). Returns the final DecodeState."""
+def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+          max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int, stream: bool,
+          placement=None) -> DecodeState:
+    """Prefill, the first token and the loop state on entry (step 1)."""
     b = tokens.shape[0]
     ones = jnp.ones((b,), jnp.int32)
     logits, tcache = prefill(tparams, tcfg, tokens, lengths, parts.capacity, placement)
@@ -125,24 +125,42 @@ def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengt
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
     if stream:
         emit(first[:, None], ones)
-    state = DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
-                        cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
+    return DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
+                       cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
+
+
+def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Array, max_new: jax.Array,
+            eos_ids: jax.Array, *, stream: bool, drafted: bool) -> tuple[DecodeState, jax.Array]:
+    """Everything after a step: emission, EOS and length limits, streaming, counters (drafted:
+    whether the step verified a draft), rows out of cache room. Returns (state, appended int32 [B])."""
+    emitted = emitted_tokens(verdict.chosen, verdict.accepted, verdict.next_token)
+    outputs, appended = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
+    if stream:
+        emit(emitted, appended)
+    counters = state.counters
+    if drafted:
+        counters = counters.record(active, verdict.accepted, verdict.drafted)
+    else:
+        counters = counters.record_ar_step(active)
+    # A row whose cache could not take another full step ends with reason "length".
+    outputs = stop_rows(outputs, verdict.tcache.lengths + parts.room > parts.capacity)
+    return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
+                       step=state.step + 1, inner=verdict.inner), appended
+
+
+def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+        max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
+        stream: bool, placement=None) -> DecodeState:
+    """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
+    uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
+    any of eos_ids int32 [E]. placement: the target's (see `prefill`). Returns the final DecodeState."""
+    state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
+                  out_size=out_size, stream=stream, placement=placement)
 
     def body(state: DecodeState) -> DecodeState:
         active = ~state.outputs.done
         verdict = parts.step(state, fold_rows(keys, state.step), active)
-        emitted = emitted_tokens(verdict.chosen, verdict.accepted, verdict.next_token)
-        outputs, appended = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
-        if stream:
-            emit(emitted, appended)
-        counters = state.counters
-        if parts.counter_width:
-            counters = counters.record(active, verdict.accepted, verdict.drafted)
-        else:
-            counters = counters.replace(target_calls=counters.target_calls + 1)
-        # A row whose cache could not take another full step ends with reason "length".
-        outputs = stop_rows(outputs, verdict.tcache.lengths + parts.room > parts.capacity)
-        return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
-                           step=state.step + 1, inner=verdict.inner)
+        return advance(parts, state, verdict, active, max_new, eos_ids, stream=stream,
+                       drafted=bool(parts.counter_width))[0]
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.outputs.done), body, state)

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax import verify
-from ssd_jax.draft.model_chain import draft_paths
+from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
 from ssd_jax.engine.emission import emitted_tokens
-from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
+from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill, sample_rows
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
 from ssd_jax.models.transformer import forward_cached
@@ -56,7 +56,10 @@ def _per_row(verifier: Callable, key, *arrays) -> verify.VerifyResult:
 @dataclasses.dataclass(frozen=True)
 class SpeculativeParts:
     """Draft-model speculation: method name, draft length L, paths K; the draft's params and
-    config; static buffer sizes. inner state: dict(dcache, chunk int32 [B, W], chunk_len [B])."""
+    config; static buffer sizes. inner state: dict(dcache, chunk int32 [B, W], chunk_len [B]).
+    threshold: None (every row drafts L tokens), or single-path early stop per row
+    (`draft_path_until_unsure`). pending_width: > 0 under adaptive speculation, the most tokens
+    the draft may lag behind after steps that fell back to plain decoding (`ar_step`, `resync`)."""
 
     method: str
     num_draft_tokens: int
@@ -67,6 +70,8 @@ class SpeculativeParts:
     dcfg: ModelConfig
     sampling: SamplingParams
     capacity: int
+    threshold: float | None = None
+    pending_width: int = 0
 
     @property
     def multi_path(self) -> bool:
@@ -98,11 +103,19 @@ class SpeculativeParts:
         verify_keys = fold_rows(keys, 2)
         position = tcache.lengths  # of cur
 
-        paths, q, dcache = draft_paths(
-            self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
-            jnp.repeat(inner["chunk_len"], K), draft_keys, num_draft_tokens=L, sampling=self.sampling,
-            target_vocab=vocab,
-        )
+        if self.threshold is None:
+            paths, q, dcache = draft_paths(
+                self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
+                jnp.repeat(inner["chunk_len"], K), draft_keys, num_draft_tokens=L, sampling=self.sampling,
+                target_vocab=vocab,
+            )
+            lengths = jnp.full((b,), L, jnp.int32)
+            forwards = jnp.asarray(L - 1, jnp.int32)
+        else:
+            paths, q, lengths, forwards, dcache = draft_path_until_unsure(
+                self.dparams, self.dcfg, inner["dcache"], inner["chunk"], inner["chunk_len"], draft_keys, active,
+                max_draft_tokens=L, threshold=self.threshold, sampling=self.sampling, target_vocab=vocab,
+            )
         paths = paths.reshape(b, K, L)
         q = q.reshape(b, K, L, vocab)
 
@@ -119,7 +132,7 @@ class SpeculativeParts:
             block_positions = position[:, None] + jnp.arange(L + 1, dtype=jnp.int32)[None, :]
             logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
             p = probabilities(logits, self.sampling)
-            result = _per_row(verifier, verify_keys, paths[:, 0], q[:, 0], p)
+            result = _per_row(verifier, verify_keys, paths[:, 0], q[:, 0], p, lengths)
             tcache = commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
 
         accepted, next_token = result.num_accepted, result.next_token
@@ -130,22 +143,67 @@ class SpeculativeParts:
             chunk = emitted_tokens(chosen, accepted, next_token)
             chunk_len = accepted + 1
         else:
-            # The draft cache holds cur and paths[:L-1]; when all L were accepted it still lacks
-            # the last draft token, which joins the bonus token in the next chunk.
-            all_accepted = accepted == L
-            dcache = rollback(dcache, jnp.where(all_accepted, position + L, position + 1 + accepted))
-            last = paths[:, 0, L - 1]
+            # The draft cache holds cur and paths[:n-1] (n = the row's length); when all n were
+            # accepted it still lacks the last draft token, which joins the bonus token in the
+            # next chunk. A row that proposed nothing is a rejection at 0.
+            all_accepted = (accepted == lengths) & (lengths > 0)
+            dcache = rollback(dcache, jnp.where(all_accepted, position + lengths, position + 1 + accepted))
+            last = paths[rows, 0, jnp.maximum(lengths - 1, 0)]
             chunk = jnp.where(all_accepted[:, None], jnp.stack([last, next_token], 1),
                               jnp.stack([next_token, next_token], 1))
             chunk_len = jnp.where(all_accepted, 2, 1)
         inner = dict(dcache=dcache, chunk=chunk, chunk_len=chunk_len.astype(jnp.int32))
-        return Verdict(tcache=tcache, inner=inner, chosen=chosen, accepted=accepted, next_token=next_token)
+        return Verdict(tcache=tcache, inner=inner, chosen=chosen, accepted=accepted, next_token=next_token,
+                       drafted=lengths, draft_forwards=forwards)
+
+    # ------------------------------------------------------------ adaptive speculation's fallback
+
+    def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        """A plain decoding step (the target alone); the draft is left behind, see `resync`."""
+        cache = state.tcache
+        logits, cache = forward_cached(self.tparams, self.tcfg, state.cur[:, None], cache.lengths[:, None], cache)
+        cache = commit(cache, active.astype(jnp.int32))
+        b = state.cur.shape[0]
+        return Verdict(tcache=cache, inner=state.inner, chosen=jnp.zeros((b, 0), jnp.int32),
+                       accepted=jnp.zeros((b,), jnp.int32), next_token=sample_rows(self.sampling, keys, logits[:, 0]))
+
+    def pending(self, inner) -> tuple[jax.Array, jax.Array]:
+        """The tokens the draft has not read, int32 [B, pending_width] (the chunk, ending with
+        cur), and their count int32 [B]: where plain-decoding steps append what they emit."""
+        chunk = inner["chunk"]
+        width = self.pending_width
+        return jnp.zeros((chunk.shape[0], width), jnp.int32).at[:, :chunk.shape[1]].set(chunk), inner["chunk_len"]
+
+    def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
+        """The draft reads every pending token but the last (cur), which becomes the chunk."""
+        K = self.num_paths
+        dcache = inner["dcache"]
+        width = pending.shape[1]
+        # Slots past pending_len hold padding that is never committed; their positions are
+        # clamped so a model with learned position embeddings never reads past its table.
+        positions = jnp.minimum(dcache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :],
+                                self.dcfg.max_position_embeddings - 1)
+        _, dcache = forward_cached(self.dparams, self.dcfg, jnp.repeat(pending, K, axis=0), positions, dcache,
+                                   logit_indices=jnp.zeros((dcache.lengths.shape[0], 1), jnp.int32))
+        dcache = commit(dcache, jnp.repeat(pending_len - 1, K))
+        cur = jnp.take_along_axis(pending, (pending_len - 1)[:, None], axis=1)[:, 0]
+        chunk = jnp.zeros_like(inner["chunk"]).at[:, 0].set(cur)
+        return dict(dcache=dcache, chunk=chunk, chunk_len=jnp.ones_like(inner["chunk_len"]))
+
+
+# The most tokens plain-decoding steps emit before the draft catches up (and the loop probes
+# whether speculation pays again).
+PENDING_WIDTH = 24
 
 
 def speculative_parts(method, tparams: dict, tcfg: ModelConfig, dparams: dict, dcfg: ModelConfig,
-                      sampling: SamplingParams, prompt_width: int, out_size: int) -> SpeculativeParts:
-    """method: an SD, BV, SpecInfer, SpecTr or GBV object."""
-    L, K = method.draft_len, method.paths
+                      sampling: SamplingParams, prompt_width: int, out_size: int, plan=None) -> SpeculativeParts:
+    """method: an SD, BV, SpecInfer, SpecTr or GBV object; plan: its `AutoPlan` when draft_len
+    is "auto" (then the parts can fall back to plain decoding, `ssd_jax.engine.adaptive_loop`)."""
+    K = method.paths
+    L = plan.draft_len if plan is not None else method.draft_len
+    pending = PENDING_WIDTH if plan is not None else 0
     return SpeculativeParts(method=method.name, num_draft_tokens=L, num_paths=K, tparams=tparams, tcfg=tcfg,
                             dparams=dparams, dcfg=dcfg, sampling=sampling,
-                            capacity=prompt_width + out_size + 2 * K * L + 4)
+                            capacity=prompt_width + out_size + 2 * K * L + 4 + pending,
+                            threshold=plan.threshold if plan is not None else None, pending_width=pending)

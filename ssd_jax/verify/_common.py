@@ -68,6 +68,19 @@ def check_single(draft_tokens, q, p) -> tuple[int, int, int]:
     return b, l, v
 
 
+def draft_lengths(lengths, draft_tokens) -> jax.Array:
+    """Per-row proposed lengths int32 [B] for a single-path verifier: None -> all L; else checked
+    (shape [B], integer; values in [0, L] are trusted, they come from the decode loop)."""
+    b, l = draft_tokens.shape
+    if lengths is None:
+        return jnp.full((b,), l, jnp.int32)
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
+        raise InputError(f"lengths must be integers [B] = [{b}] (draft tokens proposed per row), "
+                         f"got shape {_shape(lengths)} {lengths.dtype}")
+    return jnp.clip(lengths.astype(jnp.int32), 0, l)
+
+
 def check_multi(paths, q, p) -> tuple[int, int, int, int]:
     """Validate multi-path inputs at trace time; return (B, K, L, V).
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.verify._common import (as_probs, check_single, first_true, gather_tokens, log_ratio,
+from ssd_jax.verify._common import (as_probs, check_single, draft_lengths, first_true, gather_tokens, log_ratio,
                                     positive_part, row_keys, sample_from_weights)
 from ssd_jax.verify.result import VerifyResult
 
@@ -43,28 +43,43 @@ def _token_prob_h(w, p, q):
     return jnp.where(den > 0, r / jnp.where(den > 0, den, 1), 1)
 
 
-def _tables_row(draft, q, p):
+def _masked_tables(draft, q, p, length):
+    """(w [L+1], h [L+1], q with rows at or past length zeroed [L, V]) of a row that proposed
+    length tokens (None: all L)."""
+    n_draft = draft.shape[0]
     w = block_weights_row(draft, q, p)
-    return _token_prob_h(w, p, q), positive_part(w[:, None] * p - _q_padded(q))
+    if length is not None:
+        q = jnp.where(jnp.arange(n_draft)[:, None] < length, q, 0)
+    h = _token_prob_h(w, p, q)
+    if length is not None:
+        h = jnp.where(jnp.arange(n_draft + 1) <= length, h, 0)
+    return w, h, q
+
+
+def _tables_row(draft, q, p, length):
+    w, h, q = _masked_tables(draft, q, p, length)
+    return h, positive_part(w[:, None] * p - _q_padded(q))
 
 
 @jax.jit
-def block_tables(draft_tokens, q, p):
+def block_tables(draft_tokens, q, p, lengths=None):
     """The deterministic part of block verification (used by the exact-law tests).
 
-    draft_tokens int [B, L], q [B, L, V], p [B, L+1, V] (float32 or float64).
+    draft_tokens int [B, L], q [B, L, V], p [B, L+1, V] (float32 or float64); lengths int [B]
+    (None: L), the tokens each row proposed.
     Returns (h [B, L+1]: probability that D_i is a token, h_0 = 1;
              residual [B, L+1, V]: unnormalised law of the next token when tau = i)."""
-    return jax.vmap(_tables_row)(draft_tokens.astype(jnp.int32), q, p)
+    return jax.vmap(_tables_row)(draft_tokens.astype(jnp.int32), q, p, draft_lengths(lengths, draft_tokens))
 
 
-def block_row(key, draft, q, p):
-    """Block verification of one row: key, draft int32 [L], q [L, V], p [L+1, V].
+def block_row(key, draft, q, p, length=None):
+    """Block verification of one row: key, draft int32 [L], q [L, V], p [L+1, V]; length int32 []
+    (None: L): the tokens proposed. A draft of length n < L is verified as a block of n tokens:
+    q_n := 0 (as q_L in the full block) and D_i for i > n is never a token.
     Returns (num_accepted int32 [], next_token int32 [])."""
     n_draft = draft.shape[0]
     k_accept, k_token = jax.random.split(key)
-    w = block_weights_row(draft, q, p)
-    h = _token_prob_h(w, p, q)
+    w, h, q = _masked_tables(draft, q, p, length)
     u = jax.random.uniform(k_accept, (n_draft + 1,), dtype=p.dtype)
     is_token = (u < h).at[0].set(True)
     tau = (n_draft - first_true(is_token[::-1])).astype(jnp.int32)
@@ -75,21 +90,23 @@ def block_row(key, draft, q, p):
 
 
 @jax.jit
-def _block_core(key, draft_tokens, q, p):
-    n, y = jax.vmap(block_row)(row_keys(key, draft_tokens.shape[0]), draft_tokens, q, p)
+def _block_core(key, draft_tokens, q, p, lengths):
+    n, y = jax.vmap(block_row)(row_keys(key, draft_tokens.shape[0]), draft_tokens, q, p, lengths)
     return VerifyResult(n, y, jnp.zeros_like(n))
 
 
-def block(key, draft_tokens, q, p) -> VerifyResult:
+def block(key, draft_tokens, q, p, lengths=None) -> VerifyResult:
     """Block verification of one draft path; exact for any draft law q, and never accepts fewer
     tokens in expectation than token-wise verification.
 
     key: a jax.random key (split per row). draft_tokens: int [B, L], X_i sampled from q[:, i-1].
     q: float [B, L, V] draft probabilities. p: float [B, L+1, V] target probabilities.
-    Computed in float32 (float64 if given float64).
-    Returns VerifyResult(num_accepted [B] in [0, L], next_token [B], path_index [B] = 0).
+    Computed in float32 (float64 if given float64). lengths: optional int [B] in [0, L], the
+    tokens row b proposed (a draft that stopped early; exact when the stop depends only on what
+    was drafted before it, tests/test_adaptive.py).
+    Returns VerifyResult(num_accepted [B] in [0, lengths], next_token [B], path_index [B] = 0).
     """
     draft_tokens, q, p = jnp.asarray(draft_tokens), jnp.asarray(q), jnp.asarray(p)
     check_single(draft_tokens, q, p)
     q, p = as_probs(q, p)
-    return _block_core(key, draft_tokens.astype(jnp.int32), q, p)
+    return _block_core(key, draft_tokens.astype(jnp.int32), q, p, draft_lengths(lengths, draft_tokens))

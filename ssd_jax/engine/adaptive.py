@@ -1,0 +1,270 @@
+"""Adaptive speculation's cost model: measured step costs, the acceptance the loops report, and
+the draft length they imply.
+
+    E(L)  = (1 - a^(L+1)) / (1 - a)         expected tokens per step (acceptance a per position)
+    T(L)  = target(L + 1) + L draft         seconds per step (the draft's catch-up forward and
+                                            L - 1 forwards for the path)
+    speedup(L) = E(L) target(1) / T(L)      over plain decoding; L* = argmax over 1..max_draft_len
+
+`target(w)` = fixed + per_token * w and `draft` come from `measure_costs`: a jitted loop of 16
+forwards per width (no host dispatch inside it, like the decode loop), once per model pair,
+batch, context bucket and backend, kept for the process. The acceptance `a` comes from the loop's
+own counters (`acceptance_of`) and is remembered per (pair, method, temperature) in
+`ACCEPTANCE` for the next call; before any call it is `PRIOR_ACCEPTANCE`.
+
+Inside the loop (`ssd_jax.engine.adaptive_loop`) the same costs decide, from running averages of
+the tokens each speculative step emitted and the draft forwards it ran, whether speculation still
+pays or the loop falls back to plain decoding. Exactness never depends on any of this: a step's
+length uses only what is known before its verification.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
+ACCEPTANCE_MEMORY = 0.5   # weight of the previous calls in the remembered acceptance
+_LOOP_FORWARDS = 16
+_REPEATS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCosts:
+    """Seconds per forward inside a decode loop: target(w) = target_fixed + target_per_token * w
+    for w tokens verified at once; draft: one draft forward of one token. measured: False for the
+    placeholder used where nothing could be measured (inside a user's jit)."""
+
+    target_fixed: float
+    target_per_token: float
+    draft: float
+    measured: bool = True
+
+    def target(self, width: int) -> float:
+        return self.target_fixed + self.target_per_token * width
+
+    def spec_step(self, draft_len: int) -> float:
+        return self.target(draft_len + 1) + draft_len * self.draft
+
+    def loop_array(self, draft_len: int) -> np.ndarray:
+        """The costs the loop decides with, float32 [3]: (AR step, spec step without its draft
+        forwards, one draft forward), for a loop verifying draft_len + 1 tokens."""
+        return np.asarray([self.target(1), self.target(draft_len + 1) + self.draft, self.draft], np.float32)
+
+
+# Relative costs used when nothing was measured: a draft ~10x cheaper than the target and a
+# verification of 9 tokens ~1.3x one token (about what the embedded pair measures on CPU).
+UNMEASURED = StepCosts(target_fixed=1.0, target_per_token=0.04, draft=0.1, measured=False)
+
+
+def expected_tokens(acceptance: float, draft_len: int) -> float:
+    """E(L): tokens per step when each draft token is accepted with probability a, independently."""
+    a = min(max(float(acceptance), 0.0), 0.999)
+    return (1 - a ** (draft_len + 1)) / (1 - a)
+
+
+def predicted_speedup(costs: StepCosts, acceptance: float, draft_len: int) -> float:
+    return expected_tokens(acceptance, draft_len) * costs.target(1) / costs.spec_step(draft_len)
+
+
+def choose_draft_len(costs: StepCosts, acceptance: float, max_draft_len: int) -> int:
+    """L* in 1..max_draft_len maximising the predicted speedup (ties: the shorter)."""
+    speedups = [predicted_speedup(costs, acceptance, n) for n in range(1, max_draft_len + 1)]
+    return 1 + int(np.argmax(np.round(speedups, 6)))
+
+
+def acceptance_of(num_accepted: int, num_rejected: int) -> float | None:
+    """Per-position acceptance from a loop's counters: accepted / (accepted + rejections), the
+    geometric model's estimate when drafts may stop early (None: no evidence)."""
+    total = num_accepted + num_rejected
+    return num_accepted / total if total else None
+
+
+class AcceptanceMemory:
+    """Per-position acceptance of past calls, per key (the pair, the method, greedy or not)."""
+
+    def __init__(self):
+        self._values: dict = {}
+        self._lock = threading.Lock()
+
+    def get(self, key) -> float:
+        with self._lock:
+            return self._values.get(key, PRIOR_ACCEPTANCE)
+
+    def update(self, key, observed: float | None) -> None:
+        if observed is None:
+            return
+        with self._lock:
+            old = self._values.get(key)
+            self._values[key] = observed if old is None else ACCEPTANCE_MEMORY * old + (1 - ACCEPTANCE_MEMORY) * observed
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+ACCEPTANCE = AcceptanceMemory()
+_COSTS: dict = {}
+_COSTS_LOCK = threading.Lock()
+
+
+def _model_key(model) -> tuple:
+    from ssd_jax.backend import platform_of
+
+    leaf = jax.tree.leaves(model.params)[0]
+    platform = platform_of(model)   # traced params (a user's jit): the default platform
+    placement = None if model.placement is None else repr(model.placement.mesh.shape)
+    return (model.config, str(leaf.dtype), platform, placement)
+
+
+def pair_key(target, draft) -> tuple:
+    """What a pair's costs and acceptance are remembered under (configs, dtypes, backend, mesh;
+    params by identity for acceptance, since other weights accept differently)."""
+    return _model_key(target) + _model_key(draft)
+
+
+def context_bucket(length: int) -> int:
+    return max(64, 1 << int(np.ceil(np.log2(max(length, 1)))))
+
+
+def _loop_seconds(params, config, batch: int, width: int, context: int) -> float:
+    """Seconds per forward of `width` tokens over a cache holding `context` tokens, timed as a
+    jitted loop of _LOOP_FORWARDS forwards (best of _REPEATS)."""
+    from ssd_jax.models.kv_cache import init_cache
+    from ssd_jax.models.transformer import forward_cached
+
+    per_layer = isinstance(params["layers"], (tuple, list))
+    capacity = context + width + 1
+
+    @jax.jit
+    def loop(params):
+        cache = init_cache(config, batch, capacity, params["embed"].dtype, per_layer=per_layer)
+        cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
+
+        def body(i, acc):
+            tokens = (jnp.arange(batch * width, dtype=jnp.int32).reshape(batch, width) + i) % config.vocab_size
+            positions = context + jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32), (batch, width))
+            logits, _ = forward_cached(params, config, tokens, positions, cache)
+            return acc + logits[:, -1, 0].astype(jnp.float32)
+
+        return jax.lax.fori_loop(0, _LOOP_FORWARDS, body, jnp.zeros((batch,), jnp.float32))
+
+    jax.block_until_ready(loop(params))
+    best = np.inf
+    for _ in range(_REPEATS):
+        start = time.perf_counter()
+        jax.block_until_ready(loop(params))
+        best = min(best, time.perf_counter() - start)
+    return best / _LOOP_FORWARDS
+
+
+def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
+    """The pair's StepCosts at this batch and context (rounded up to a power of two), measured
+    once per process (target at 1 and max_draft_len + 1 tokens, draft at 1)."""
+    from ssd_jax.engine.autoregressive import loop_params
+
+    key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
+    with _COSTS_LOCK:
+        if key in _COSTS:
+            return _COSTS[key]
+    context = context_bucket(context)
+    tparams, dparams = loop_params(target), loop_params(draft)
+    one = _loop_seconds(tparams, target.config, batch, 1, context)
+    wide = _loop_seconds(tparams, target.config, batch, max_draft_len + 1, context)
+    per_token = max(wide - one, 0.0) / max_draft_len
+    costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token,
+                      draft=_loop_seconds(dparams, draft.config, batch, 1, context))
+    with _COSTS_LOCK:
+        _COSTS[key] = costs
+    return costs
+
+
+def cached_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
+    """Measured costs if this process has them (no measuring: for traced decodes), else UNMEASURED."""
+    key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
+    with _COSTS_LOCK:
+        return _COSTS.get(key, UNMEASURED)
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoPlan:
+    """A call's static plan under draft_len="auto" (part of the compiled program's key): the
+    length the loop drafts up to (its verification width is draft_len + 1) and the early-stop
+    threshold (None: no early stop)."""
+
+    draft_len: int
+    threshold: float | None
+
+
+def loop_inputs(costs: StepCosts, acceptance: float, draft_len: int) -> np.ndarray:
+    """The loop's traced cost inputs, float32 [4]: `StepCosts.loop_array` and the acceptance its
+    running estimate starts from."""
+    return np.concatenate([costs.loop_array(draft_len), np.asarray([acceptance], np.float32)])
+
+
+def acceptance_key(target, draft, method, sampling) -> tuple:
+    return (id(target.params), id(draft.params), method.name, method.paths, sampling.greedy)
+
+
+def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, np.ndarray]:
+    """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs."""
+    acceptance = ACCEPTANCE.get(acceptance_key(target, draft, method, sampling))
+    draft_len = choose_draft_len(costs, acceptance, method.max_draft_len)
+    threshold = method.threshold if method.paths == 1 else None
+    return AutoPlan(draft_len=draft_len, threshold=threshold), loop_inputs(costs, acceptance, draft_len)
+
+
+def default_plan(method, target, draft, sampling, batch: int, context: int) -> tuple[AutoPlan, np.ndarray]:
+    """(AutoPlan, loop_inputs) from what this process already knows (costs measured by an earlier
+    `generate` of the pair, else UNMEASURED; remembered acceptance, else the prior): for traced
+    decodes, which cannot measure."""
+    return plan(method, target, draft, sampling, cached_costs(target, draft, batch, context, method.max_draft_len))
+
+
+_CALIBRATION: dict = {}
+_CALIBRATION_TOKENS = 48
+# Loop inputs that make every step speculate / fall back (but for one probe per phase).
+FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5], np.float32)
+FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5], np.float32)
+
+
+def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray) -> np.ndarray:
+    """loop_inputs with the AR and speculative step times measured on the compiled program itself
+    (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
+    tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
+    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes once per phase); best of 3
+    each. The draft forward's cost is the per-forward measurement scaled like the AR step. Kept
+    per program; the prior acceptance stays the plan's."""
+    if program_key not in _CALIBRATION:
+        tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
+
+        def timed(forced, max_new):
+            run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
+                                    jax.device_put(forced, args[-1].sharding))
+            jax.block_until_ready(executable(*run_args))           # warm
+            best = np.inf
+            for _ in range(3):
+                start = time.perf_counter()
+                out = jax.block_until_ready(executable(*run_args))
+                best = min(best, time.perf_counter() - start)
+            counters = jax.device_get(out.counters["spec"])
+            steps = int(counters.target_calls) - 1
+            plain = int(np.max(counters.ar_steps))
+            draft_len = float(np.sum(counters.num_drafted)) / max(float(np.sum(counters.num_drafts)), 1.0)
+            return best, steps, plain, draft_len
+
+        setup = timed(FORCE_SPECULATION, 1)[0]
+        s_sec, s_steps, _, s_len = timed(FORCE_SPECULATION, tokens)
+        t_spec = max(s_sec - setup, 1e-9) / max(s_steps, 1)
+        p_sec, p_steps, p_plain, _ = timed(FORCE_PLAIN, tokens)
+        t_ar = max(p_sec - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
+        c_draft = costs.draft * t_ar / costs.target(1)
+        forwards = max(s_len - 1.0, 0.0)
+        _CALIBRATION[program_key] = (t_ar, max(t_spec - forwards * c_draft, 1e-9), c_draft)
+    t_ar, t_spec_fixed, c_draft = _CALIBRATION[program_key]
+    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3]], np.float32)

@@ -1,0 +1,114 @@
+"""The decode loop of adaptive speculation: speculative steps while they pay, plain decoding
+while they do not, all inside one jitted program (no host round trip).
+
+    while some row runs:
+        speculative steps while they pay (at least one: the probe)
+        plain decoding steps while speculation does not pay, the draft falling behind by at
+            most `pending_width` tokens
+        the draft reads the tokens it missed (one forward)
+
+"Pays": with decayed sums of the draft tokens accepted per running row (A) and of speculative
+steps (S), E = 1 + A / S the tokens a step emits; with a running average of the draft forwards a
+step ran (F); and the measured costs c = (AR step, speculative step without its draft forwards,
+one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`):
+
+    E * c_ar >= MARGIN * (c_spec + F * c_draft)
+
+The sums start from PRIOR_STEPS steps at the plan's acceptance (E(L) of the geometric model).
+MARGIN < 1 leans towards speculating: a wrong fall back costs a whole phase of plain steps, a
+wrong speculative step only itself.
+
+The choice uses only past steps and the costs, never the current step's target probabilities,
+so the output law is the target's whatever it decides.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, start
+from ssd_jax.models.config import ModelConfig
+from ssd_jax.sampling import SamplingParams
+
+# Weight of the past in the running sums and averages (per speculative step), and how many
+# steps' worth of evidence the prior acceptance counts for.
+DECAY = 0.9
+PRIOR_STEPS = 2.0
+MARGIN = 0.9
+
+
+@struct.dataclass
+class AdaptiveState:
+    """decode: the skeleton's DecodeState; accepted, steps float32 []: decayed sums of accepted
+    tokens per running row and of speculative steps; forwards_per_step float32 []: running
+    average over speculative steps; probe
+    bool []: the next speculative loop runs at least once; pending int32 [B, P], pending_len
+    int32 [B]: tokens the draft has not read (ending with cur)."""
+
+    decode: DecodeState
+    accepted: jax.Array
+    steps: jax.Array
+    forwards_per_step: jax.Array
+    probe: jax.Array
+    pending: jax.Array
+    pending_len: jax.Array
+
+
+def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+                 max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
+                 out_size: int, stream: bool, placement=None) -> DecodeState:
+    """`ssd_jax.engine.skeleton.run` with the fallback to plain decoding. parts: `SpeculativeParts`
+    with pending_width > 0; costs float32 [4] (`loop_inputs`). Returns the final DecodeState."""
+    state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
+                  out_size=out_size, stream=stream, placement=placement)
+    costs = costs.astype(jnp.float32)
+    c_ar, c_spec, c_draft, prior_acceptance = costs[0], costs[1], costs[2], costs[3]
+    L = parts.num_draft_tokens
+    pending, pending_len = parts.pending(state.inner)
+    a = jnp.clip(prior_acceptance, 0.0, 0.999)
+    prior_tokens = (1 - a ** (L + 1)) / (1 - a)
+    initial = AdaptiveState(decode=state, accepted=PRIOR_STEPS * (prior_tokens - 1), steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
+                            forwards_per_step=jnp.asarray(L - 1, jnp.float32),
+                            probe=jnp.ones((), bool), pending=pending, pending_len=pending_len)
+
+    def running(s: AdaptiveState):
+        return ~jnp.all(s.decode.outputs.done)
+
+    def pays(s: AdaptiveState):
+        expected = 1 + s.accepted / s.steps
+        return expected * c_ar >= MARGIN * (c_spec + s.forwards_per_step * c_draft)
+
+    def speculative(s: AdaptiveState) -> AdaptiveState:
+        d = s.decode
+        active = ~d.outputs.done
+        verdict = parts.step(d, fold_rows(keys, d.step), active)
+        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
+        n_active = jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
+        mean = lambda x: jnp.sum(jnp.where(active, x, 0)).astype(jnp.float32) / n_active  # noqa: E731
+        average = lambda old, new: DECAY * old + (1 - DECAY) * new  # noqa: E731
+        return s.replace(decode=d, probe=jnp.zeros((), bool),
+                         accepted=DECAY * s.accepted + mean(verdict.accepted), steps=DECAY * s.steps + 1,
+                         forwards_per_step=average(s.forwards_per_step, verdict.draft_forwards.astype(jnp.float32)))
+
+    def plain(s: AdaptiveState) -> AdaptiveState:
+        d = s.decode
+        active = ~d.outputs.done
+        verdict = parts.ar_step(d, fold_rows(keys, d.step), active)
+        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=False)
+        rows = jnp.arange(s.pending.shape[0])
+        slot = jnp.where(active, s.pending_len, s.pending.shape[1])
+        pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
+        return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32))
+
+    def phase(s: AdaptiveState) -> AdaptiveState:
+        s = jax.lax.while_loop(lambda s: running(s) & (s.probe | pays(s)), speculative, s.replace(probe=jnp.ones((), bool)))
+        pending, pending_len = parts.pending(s.decode.inner)
+        s = s.replace(pending=pending, pending_len=pending_len)
+        width = s.pending.shape[1]
+        s = jax.lax.while_loop(lambda s: running(s) & ~pays(s) & (jnp.max(s.pending_len) < width), plain, s)
+        inner = parts.resync(s.decode.inner, s.pending, s.pending_len)
+        return s.replace(decode=s.decode.replace(inner=inner))
+
+    return jax.lax.while_loop(running, phase, initial).decode

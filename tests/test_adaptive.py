@@ -1,0 +1,282 @@
+"""Adaptive speculation (draft_len="auto"): exactness of early-stopped drafts and of the loop that
+falls back to plain decoding, the stopping rule, the cost model, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import numpy as np
+import pytest
+
+import ssd_jax
+from ssd_jax.engine import adaptive
+from ssd_jax.engine.decoder import decode_arrays
+from ssd_jax.engine.prompts import row_keys
+from ssd_jax.errors import InputError
+from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.verify import block_tables, tokenwise_tables
+from spec_models import llama, noisy_copy, pair
+
+# ------------------------------------------------------------------------------------ bad input
+
+
+@pytest.mark.parametrize("cls", [ssd_jax.SD, ssd_jax.BV, ssd_jax.GBV, ssd_jax.SpecInfer, ssd_jax.SpecTr])
+@pytest.mark.parametrize("options, field, value", [
+    (dict(draft_len="automatic"), "draft_len", "'automatic'"),
+    (dict(draft_len="auto", max_draft_len=-2), "max_draft_len", "-2"),
+    (dict(draft_len="auto", threshold=0.0), "threshold", "0.0"),
+    (dict(draft_len="auto", threshold=1.5), "threshold", "1.5"),
+])
+def test_bad_adaptive_options_name_field_and_value(cls, options, field, value):
+    with pytest.raises(InputError, match=rf"{field} .*{value}"):
+        cls(**options)
+
+
+def test_auto_is_a_static_hashable_method():
+    assert ssd_jax.SD(draft_len="auto") == ssd_jax.SD(draft_len="auto")
+    assert ssd_jax.SD(draft_len="auto").adaptive and not ssd_jax.SD(draft_len=4).adaptive
+    assert ssd_jax.SD(draft_len="auto", max_draft_len=6).max_len == 6
+
+
+# --------------------------------------------------- exact law of an early-stopped draft (x64)
+
+V, L = 3, 3
+
+
+@pytest.fixture
+def x64():
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
+def _chains(seed):
+    rng = np.random.default_rng(seed)
+    dist = lambda: (lambda x: x / x.sum())(rng.gamma(0.5, size=V))  # noqa: E731
+    prefixes = [pre for n in range(L + 2) for pre in itertools.product(range(V), repeat=n)]
+    return {pre: dist() for pre in prefixes}, {pre: dist() for pre in prefixes}
+
+
+def _emitted_law(tables, P, Q, stop):
+    """Law of the first L+1 tokens when a draft of up to L tokens stops at stop(prefix) (True:
+    do not draft the next token) and is verified with the length-masked tables, the rest sampled
+    from the target: {sequence: probability}."""
+    law = {}
+    for x in itertools.product(range(V), repeat=L):
+        n = next((i for i in range(L) if stop(x[:i], x)), L)
+        if any(t != 0 for t in x[n:]):   # tokens past the stop are not drafted: count x once
+            continue
+        drafted = np.prod([Q[x[:i]][x[i]] for i in range(n)])
+        q = np.array([[Q[x[:i]] for i in range(L)]])
+        p = np.array([[P[x[:i]] for i in range(L + 1)]])
+        first, residual = (np.asarray(a[0]) for a in tables(np.array([x]), q, p, np.array([n])))
+        for tau in range(n + 1):
+            if tables is block_tables:   # first = h: tau is the last i whose D_i is a token
+                p_tau = first[tau] * np.prod(1 - first[tau + 1:])
+            else:                        # first = acceptance probabilities
+                p_tau = np.prod(first[:tau]) * (1 - first[tau] if tau < n else 1)
+            if p_tau <= 0:
+                continue
+            y_law = residual[tau] / residual[tau].sum()
+            for y in range(V):
+                head = x[:tau] + (y,)
+                for tail in itertools.product(range(V), repeat=L + 1 - len(head)):
+                    seq = head + tail
+                    rest = np.prod([P[seq[:i]][seq[i]] for i in range(len(head), L + 1)])
+                    law[seq] = law.get(seq, 0.0) + drafted * p_tau * y_law[y] * rest
+    return law
+
+
+def _law_error(tables, seed, stop):
+    P, Q = _chains(seed)
+    law = _emitted_law(tables, P, Q, stop)
+    target = {s: np.prod([P[s[:i]][s[i]] for i in range(L + 1)]) for s in itertools.product(range(V), repeat=L + 1)}
+    return max(abs(law.get(s, 0.0) - target[s]) for s in target)
+
+
+@pytest.mark.parametrize("tables", [tokenwise_tables, block_tables], ids=["tokenwise", "block"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_early_stopped_draft_keeps_the_target_law(x64, tables, seed):
+    """Stopping when the draft's top probability for the next token is low (a stopping time of
+    the draft's own process, as in `draft_path_until_unsure`) leaves the law exact."""
+    _, Q = _chains(seed)
+    unsure = lambda prefix, x: max(Q[prefix]) < 0.6  # noqa: E731  (decided before drawing x[len(prefix)])
+    assert _law_error(tables, seed, unsure) < 1e-12
+
+
+@pytest.mark.parametrize("tables", [tokenwise_tables, block_tables], ids=["tokenwise", "block"])
+def test_law_check_has_power_against_a_stop_that_peeks(x64, tables):
+    """A stop that looks at the token it would draft (dropping it when it is 0) breaks the law,
+    and the same check sees it."""
+    peeks = lambda prefix, x: x[len(prefix)] == 0  # noqa: E731
+    assert _law_error(tables, 0, peeks) > 1e-3
+
+
+# ------------------------------------------------------------------- the loop, greedy and sampled
+
+
+@pytest.fixture(scope="module")
+def models():
+    return pair(vocab=64, seed=0, noise=0.3)
+
+
+@pytest.mark.parametrize("method", [
+    ssd_jax.SD(draft_len="auto"), ssd_jax.BV(draft_len="auto", threshold=0.5),
+    ssd_jax.GBV(draft_len="auto", max_draft_len=4), ssd_jax.SpecInfer(draft_len="auto", max_draft_len=3),
+], ids=["sd", "bv", "gbv", "specinfer"])
+def test_auto_greedy_equals_autoregressive(models, method):
+    target, draft = models
+    prompts = [[3, 4, 5, 6], [9], [10, 11, 12, 13, 14, 15, 16]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=40)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+    assert out.tokens == ar.tokens
+    assert out.stats["adaptive"] and 1 <= out.stats["planned_draft_len"] <= method.max_draft_len
+
+
+# Costs that make every step after the first speculative one fall back to plain decoding, and
+# costs that always pay: (AR step, speculative step, draft forward, prior acceptance).
+FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5], np.float32)
+ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
+
+
+def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2):
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
+    for b, p in enumerate(prompts):
+        tokens[b, :len(p)] = p
+    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.threshold if method.paths == 1 else None)
+    fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
+        t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
+        eos_ids=tuple(target.config.eos_token_ids or ()), out_size=max_new,
+        plan=plan, costs=c))
+    return fn(target, draft, tokens, lengths, keys, costs)
+
+
+def test_fallback_to_plain_decoding_is_exact_greedy(models):
+    """Speculative steps, then plain steps with the draft left behind, then the draft catching up:
+    still the AR tokens."""
+    target, draft = models
+    prompts = [[3, 4, 5, 6], [9, 2]]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
+    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), FALL_BACK, SamplingParams(),
+                  row_keys(None, 2), 60)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2   # several phases ran
+
+
+VOCAB, NEW, SAMPLES = 4, 3, 6000
+
+
+@pytest.fixture(scope="module")
+def tiny_models():
+    target = llama(VOCAB, 32, 1, seed=3, scale=0.4, eos=())
+    return target, noisy_copy(target, 1.0, 4)
+
+
+def _exact_law(target, prompt, sampling):
+    law = np.zeros((VOCAB,) * NEW)
+    for seq in itertools.product(range(VOCAB), repeat=NEW):
+        probs = np.asarray(probabilities(ssd_jax.forward(target, np.array([prompt + list(seq)]))[0], sampling),
+                           np.float64)
+        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
+    return law / law.sum()
+
+
+@pytest.mark.parametrize("method, costs", [
+    (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE),
+    (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK),
+    (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK),
+], ids=["sd-early-stop", "bv-early-stop-then-plain", "gbv-then-plain"])
+def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
+    """T=1: draft lengths that depend on the draft's confidence (per row) and on the running
+    acceptance (the fall back to plain decoding) keep the target's law over 3 tokens."""
+    target, draft = tiny_models
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1]
+    keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
+    out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW)
+    counts = np.zeros((VOCAB,) * NEW)
+    for row in np.asarray(out.tokens):
+        counts[tuple(row)] += 1
+    freq, law = counts / SAMPLES, _exact_law(target, prompt, sampling)
+    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
+    assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
+    counters = jax.device_get(out.counters["spec"])
+    if method.paths == 1:   # the early stop happened: some rows proposed fewer than 2 tokens
+        assert counters.num_drafted.sum() < 2 * counters.num_drafts.sum()
+
+
+# ---------------------------------------------------------------------------- the stopping rule
+
+
+def test_a_draft_equal_to_the_target_drafts_to_the_maximum(models):
+    """The stopping rule never stops a draft that is always right and sure of it (with costs where
+    speculation pays: on this tiny pair a draft as large as the target never pays, and the cost
+    model rightly decodes plainly)."""
+    target, _ = models
+    sure = target.with_params(jax.tree.map(lambda x: 8 * x, target.params))  # sharp laws
+    for method in (ssd_jax.SD(draft_len="auto"), ssd_jax.BV(draft_len="auto")):
+        out = _decode(sure, sure, [[3, 4, 5, 6], [7]], method, ALWAYS_SPECULATE, SamplingParams(),
+                      row_keys(None, 2), 40, draft_len=4)
+        counters = jax.device_get(out.counters["spec"])
+        assert np.all(counters.num_drafted == 4 * counters.num_drafts) and counters.ar_steps.sum() == 0
+        assert np.all(counters.num_accepted == counters.num_drafted)
+
+
+def test_a_random_draft_falls_back_to_plain_decoding(models):
+    target, _ = models
+    stranger = llama(64, 64, 2, seed=42)
+    ar = ssd_jax.generate(target, [[3, 4, 5, 6]], max_new_tokens=96)
+    out = ssd_jax.generate(target, [[3, 4, 5, 6]], max_new_tokens=96, method=ssd_jax.SD(draft_len="auto"),
+                           draft=stranger)
+    assert out.tokens == ar.tokens
+    assert out.stats["ar_fallback_share"] > 0.5
+
+
+# ------------------------------------------------------------------------------ the cost model
+
+
+def test_cost_model_choices():
+    cheap = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.01, draft=0.02)
+    assert adaptive.choose_draft_len(cheap, 0.9, 8) > adaptive.choose_draft_len(cheap, 0.4, 8)
+    assert adaptive.predicted_speedup(cheap, 0.0, 1) < 1 < adaptive.predicted_speedup(cheap, 0.8, 4)
+    assert adaptive.acceptance_of(0, 0) is None and adaptive.acceptance_of(3, 1) == 0.75
+    memory = adaptive.AcceptanceMemory()
+    assert memory.get("k") == adaptive.PRIOR_ACCEPTANCE
+    memory.update("k", 0.2)
+    memory.update("k", 0.6)
+    assert memory.get("k") == pytest.approx(0.4)
+
+
+def test_command_line_takes_auto():
+    import argparse
+
+    from ssd_jax.cli.generate_cmd import build_method, draft_len_arg
+
+    args = argparse.Namespace(method="bv", num_draft_tokens=draft_len_arg("auto"), max_draft_len=6,
+                              draft_threshold=0.05)
+    assert build_method(args) == ssd_jax.BV(draft_len="auto", max_draft_len=6, threshold=0.05)
+    with pytest.raises(argparse.ArgumentTypeError, match="'often'"):
+        draft_len_arg("often")
+
+
+def test_auto_inside_a_users_jit_equals_autoregressive(models):
+    """decode under the user's jit cannot measure: it plans from what the process knows."""
+    target, draft = models
+    tokens = np.array([[3, 4, 5, 6], [9, 0, 0, 0]], np.int32)
+    lengths = np.array([4, 1], np.int32)
+
+    @jax.jit
+    def run(target, draft, tokens, lengths):
+        out = ssd_jax.decode(target, tokens, lengths, method=ssd_jax.SD(draft_len="auto"), max_new_tokens=24,
+                             key=jax.random.PRNGKey(0), draft=draft)
+        return out.tokens, out.num_tokens
+
+    ar = ssd_jax.decode(target, tokens, lengths, method="ar", max_new_tokens=24, key=jax.random.PRNGKey(0))
+    new_tokens, counts = run(target, draft, tokens, lengths)
+    assert np.array_equal(np.asarray(new_tokens), np.asarray(ar.tokens))
+    assert np.array_equal(np.asarray(counts), np.asarray(ar.num_tokens))
