@@ -11,14 +11,18 @@ from ssd_jax.methods import DEFAULTS, METHOD_CLASSES, as_method
 
 BAD_COUNTS = [0, -1, True, 2.0, "3", None]
 GOOD_COUNTS = [1, 7, np.int64(4), np.int32(2)]
+# Adaptive draft-model methods: draft_len may be "auto"; max_draft_len and threshold go with it.
+ADAPTIVE = dict(draft_len=(GOOD_COUNTS + ["auto"], BAD_COUNTS + ["automatic", "AUTO"]),
+                max_draft_len=(GOOD_COUNTS, BAD_COUNTS),
+                threshold=([0.02, 0.5, np.float32(0.9)], [0, 1, 1.5, -0.1, True, "0.5", None, float("nan")]))
 # method class -> field -> (good values, bad values); every field of every class appears.
 TABLE = {
     ssd_jax.AR: {},
-    ssd_jax.SD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS)),
-    ssd_jax.BV: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS)),
-    ssd_jax.SpecInfer: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
-    ssd_jax.SpecTr: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
-    ssd_jax.GBV: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.SD: dict(ADAPTIVE),
+    ssd_jax.BV: dict(ADAPTIVE),
+    ssd_jax.SpecInfer: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.SpecTr: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
+    ssd_jax.GBV: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
     ssd_jax.PLD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), min_ngram=([1], BAD_COUNTS + [9]),
                       max_ngram=([3, np.int64(5)], BAD_COUNTS)),
     ssd_jax.LogitSpec: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), topk=(GOOD_COUNTS, BAD_COUNTS),
