@@ -29,3 +29,27 @@ def pair(vocab: int = 64, seed: int = 0, noise: float = 0.5):
     """(target, draft): a 2-layer target and a noisy copy of it as the draft."""
     target = llama(vocab, 64, 2, seed)
     return target, noisy_copy(target, noise, seed + 1)
+
+
+def law_pair(vocab: int = 4):
+    """(target, draft) for the sampled-law tests: a 1-layer target over a tiny vocabulary (no
+    EOS) and a draft far enough from it that verification matters."""
+    target = llama(vocab, 32, 1, seed=3, scale=0.4, eos=())
+    return target, noisy_copy(target, 1.0, 4)
+
+
+def exact_law(target, prompt: list, sampling, new: int):
+    """P(x1..x_new | prompt) for every continuation, float64 array [V] * new (by full forwards)."""
+    import itertools
+
+    import numpy as np
+
+    from ssd_jax.sampling import probabilities
+
+    vocab = target.config.vocab_size
+    law = np.zeros((vocab,) * new)
+    for seq in itertools.product(range(vocab), repeat=new):
+        probs = np.asarray(probabilities(ssd_jax.forward(target, np.array([prompt + list(seq)]))[0], sampling),
+                           np.float64)
+        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(new)])
+    return law / law.sum()

@@ -15,9 +15,9 @@ from ssd_jax.engine import adaptive
 from ssd_jax.engine.decoder import decode_arrays
 from ssd_jax.engine.prompts import row_keys
 from ssd_jax.errors import InputError
-from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.sampling import SamplingParams
 from ssd_jax.verify import block_tables, tokenwise_tables
-from spec_models import llama, noisy_copy, pair
+from spec_models import exact_law, law_pair, llama, pair
 
 # ------------------------------------------------------------------------------------ bad input
 
@@ -173,17 +173,7 @@ VOCAB, NEW, SAMPLES = 4, 3, 6000
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    target = llama(VOCAB, 32, 1, seed=3, scale=0.4, eos=())
-    return target, noisy_copy(target, 1.0, 4)
-
-
-def _exact_law(target, prompt, sampling):
-    law = np.zeros((VOCAB,) * NEW)
-    for seq in itertools.product(range(VOCAB), repeat=NEW):
-        probs = np.asarray(probabilities(ssd_jax.forward(target, np.array([prompt + list(seq)]))[0], sampling),
-                           np.float64)
-        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
-    return law / law.sum()
+    return law_pair(VOCAB)
 
 
 @pytest.mark.parametrize("method, costs", [
@@ -202,7 +192,7 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
     counts = np.zeros((VOCAB,) * NEW)
     for row in np.asarray(out.tokens):
         counts[tuple(row)] += 1
-    freq, law = counts / SAMPLES, _exact_law(target, prompt, sampling)
+    freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
     sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
     assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
     counters = jax.device_get(out.counters["spec"])

@@ -3,7 +3,6 @@ and the sampled output law equals the target's, for every method."""
 
 from __future__ import annotations
 
-import itertools
 
 import jax
 import numpy as np
@@ -15,8 +14,8 @@ from ssd_jax.engine import compile_cache
 from ssd_jax import verify
 from ssd_jax.engine import speculative
 from ssd_jax.errors import InputError
-from ssd_jax.sampling import SamplingParams, probabilities
-from spec_models import llama, noisy_copy, pair
+from ssd_jax.sampling import SamplingParams
+from spec_models import exact_law, law_pair, llama, noisy_copy, pair
 
 METHOD_OPTIONS = [
     ("sd", dict(num_draft_tokens=4)),
@@ -68,18 +67,12 @@ VOCAB, NEW, SAMPLES = 4, 3, 6000
 
 @pytest.fixture(scope="module")
 def tiny_models():
-    target = llama(VOCAB, 32, 1, seed=3, scale=0.4, eos=())
-    return target, noisy_copy(target, 1.0, 4)
+    return law_pair(VOCAB)
 
 
 def _exact_law(target, prompt, sampling):
     """P(x1..x3 | prompt) for all VOCAB**3 continuations, float64."""
-    law = np.zeros((VOCAB,) * NEW)
-    for seq in itertools.product(range(VOCAB), repeat=NEW):
-        tokens = np.array([prompt + list(seq)])
-        probs = np.asarray(probabilities(ssd_jax.forward(target, tokens)[0], sampling), np.float64)
-        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
-    return law / law.sum()
+    return exact_law(target, prompt, sampling, NEW)
 
 
 def _empirical(target, draft, prompt, method, options, sampling):
