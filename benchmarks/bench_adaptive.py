@@ -10,8 +10,8 @@ Prompt sets (the embedded pair's tokenizer):
   short     held-out code, 32-token prompts
   badguess  base64 of random bytes, 64 tokens: text the pair never trained on, where the draft
             guesses worst (measured acceptance at L=5: 0.51 at T=0 and 0.43 at T=1, against 0.61
-            and 0.49 on code; English prose is no test: the 11M target falls into repeating it,
-            and the draft guesses that perfectly)
+            on the code set at T=0; English prose is no test: the 11M target falls into
+            repeating it, and the draft guesses that perfectly)
 
 Writes benchmarks/results/adaptive.json and adaptive.png (speedup over AR per configuration).
     python benchmarks/bench_adaptive.py [--sets code,short] [--batch 1,8] [--temperatures 0,1]

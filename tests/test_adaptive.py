@@ -270,3 +270,18 @@ def test_auto_inside_a_users_jit_equals_autoregressive(models):
     new_tokens, counts = run(target, draft, tokens, lengths)
     assert np.array_equal(np.asarray(new_tokens), np.asarray(ar.tokens))
     assert np.array_equal(np.asarray(counts), np.asarray(ar.num_tokens))
+
+
+def test_remembered_values_are_bounded_and_tied_to_living_weights():
+    recent = adaptive.Recent(limit=2)
+    for i in range(3):
+        recent.store(i, i)
+    assert list(recent) == [1, 2] and recent.lookup(0, "gone") == "gone"
+    recent.lookup(1)
+    recent.store(3, 3)
+    assert list(recent) == [1, 3]
+
+    a, b = {"w": jax.numpy.ones(2)}, {"w": jax.numpy.zeros(2)}
+    assert adaptive.ParamsIdentity(a, b) == adaptive.ParamsIdentity(a, b)
+    assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity(b, a)
+    assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity({"w": jax.numpy.ones(2)}, b)

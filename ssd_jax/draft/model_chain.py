@@ -13,6 +13,21 @@ from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities, sample
 
 
+def catch_up(params: dict, config: ModelConfig, cache: KVCache, chunk: jax.Array,
+             chunk_len: jax.Array) -> tuple[jax.Array, KVCache]:
+    """The draft reads the tokens it has not seen. chunk int32 [N, C], chunk_len int32 [N] >= 1
+    valid. Returns (float32 [N, V] logits after the last valid token, cache with them committed)."""
+    positions = cache.lengths[:, None] + jnp.arange(chunk.shape[1], dtype=jnp.int32)[None, :]
+    logits, cache = forward_cached(params, config, chunk, positions, cache, logit_indices=(chunk_len - 1)[:, None])
+    return logits[:, 0], commit(cache, chunk_len)
+
+
+def extend(params: dict, config: ModelConfig, cache: KVCache, token: jax.Array) -> tuple[jax.Array, KVCache]:
+    """One draft forward: token int32 [N] is read and committed. Returns (logits [N, V], cache)."""
+    logits, cache = forward_cached(params, config, token[:, None], cache.lengths[:, None], cache)
+    return logits[:, 0], commit(cache, jnp.ones(token.shape, jnp.int32))
+
+
 def draft_paths(
     params: dict,
     config: ModelConfig,
@@ -34,10 +49,7 @@ def draft_paths(
     probabilities each token was sampled from, cache with the chunk and the first L-1 path tokens
     committed).
     """
-    n, c = chunk.shape
-    positions = cache.lengths[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-    logits, cache = forward_cached(params, config, chunk, positions, cache, logit_indices=(chunk_len - 1)[:, None])
-    cache = commit(cache, chunk_len)
+    logits, cache = catch_up(params, config, cache, chunk, chunk_len)
 
     def probs_of(logits):
         return probabilities(align_logits(logits, target_vocab), sampling)
@@ -49,11 +61,10 @@ def draft_paths(
         logits, cache = carry
         q = probs_of(logits)
         token = draw(q, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i))
-        new_logits, cache = forward_cached(params, config, token[:, None], cache.lengths[:, None], cache)
-        return (new_logits[:, 0], commit(cache, jnp.ones((n,), jnp.int32))), (token, q)
+        return extend(params, config, cache, token), (token, q)
 
     (logits, cache), (tokens, qs) = jax.lax.scan(
-        step, (logits[:, 0], cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
+        step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
     )
     q_last = probs_of(logits)
     last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))
@@ -91,11 +102,8 @@ def draft_path_until_unsure(
     [B, L, target_vocab], lengths int32 [B] in [0, L], draft forwards run after the catch-up
     int32 [], cache with the chunk and the first forwards' tokens committed).
     """
-    n, c = chunk.shape
-    L = max_draft_tokens
-    positions = cache.lengths[:, None] + jnp.arange(c, dtype=jnp.int32)[None, :]
-    logits, cache = forward_cached(params, config, chunk, positions, cache, logit_indices=(chunk_len - 1)[:, None])
-    cache = commit(cache, chunk_len)
+    n, L = chunk.shape[0], max_draft_tokens
+    logits, cache = catch_up(params, config, cache, chunk, chunk_len)
 
     def propose(logits, i, going):
         logits = align_logits(logits, target_vocab)
@@ -107,15 +115,14 @@ def draft_path_until_unsure(
         token = jnp.argmax(q, axis=-1).astype(jnp.int32) if sampling.greedy else jax.vmap(sample)(draw_keys, q)
         return token, q, going
 
-    token, q0, going = propose(logits[:, 0], 0, active)
+    token, q0, going = propose(logits, 0, active)
     tokens = jnp.zeros((n, L), jnp.int32).at[:, 0].set(token)
     qs = jnp.zeros((n, L, q0.shape[-1]), jnp.float32).at[:, 0].set(q0)
 
     def body(carry):
         i, cache, tokens, qs, going, lengths = carry
-        new_logits, cache = forward_cached(params, config, tokens[:, i - 1][:, None], cache.lengths[:, None], cache)
-        cache = commit(cache, jnp.ones((n,), jnp.int32))
-        token, q, going = propose(new_logits[:, 0], i, going)
+        new_logits, cache = extend(params, config, cache, tokens[:, i - 1])
+        token, q, going = propose(new_logits, i, going)
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, i))
         qs = jax.lax.dynamic_update_slice(qs, q[:, None], (0, i, 0))
         return i + 1, cache, tokens, qs, going, lengths + going.astype(jnp.int32)

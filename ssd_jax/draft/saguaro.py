@@ -16,10 +16,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.draft.model_chain import catch_up, extend
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.models.config import ModelConfig
-from ssd_jax.models.kv_cache import KVCache, commit
-from ssd_jax.models.transformer import forward_cached
+from ssd_jax.models.kv_cache import KVCache
 from ssd_jax.sampling import SamplingParams, probabilities
 
 
@@ -84,10 +84,7 @@ def draft_chain(
     were drawn from (`sample_blocked`), or None at temperature 0 where the draft takes its argmax).
     The cache itself is not returned: callers draft on copies.
     """
-    n, width = chunk.shape
-    positions = cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
-    logits, cache = forward_cached(params, config, chunk, positions, cache, logit_indices=(chunk_len - 1)[:, None])
-    cache = commit(cache, chunk_len)
+    logits, cache = catch_up(params, config, cache, chunk, chunk_len)
 
     def draw(logits, i):
         logits = align_logits(logits, target_vocab)
@@ -99,10 +96,9 @@ def draft_chain(
     def step(carry, i):
         logits, cache = carry
         token, q = draw(logits, i)
-        new_logits, cache = forward_cached(params, config, token[:, None], cache.lengths[:, None], cache)
-        return (new_logits[:, 0], commit(cache, jnp.ones((n,), jnp.int32))), (token, q)
+        return extend(params, config, cache, token), (token, q)
 
-    (logits, _), (tokens, qs) = jax.lax.scan(step, (logits[:, 0], cache),
+    (logits, _), (tokens, qs) = jax.lax.scan(step, (logits, cache),
                                              jnp.arange(num_draft_tokens - 1, dtype=jnp.int32))
     last, q_last = draw(logits, num_draft_tokens - 1)
     tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)

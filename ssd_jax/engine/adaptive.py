@@ -20,9 +20,11 @@ length uses only what is known before its verification.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import threading
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -85,23 +87,68 @@ def acceptance_of(num_accepted: int, num_rejected: int) -> float | None:
     return num_accepted / total if total else None
 
 
-class AcceptanceMemory:
-    """Per-position acceptance of past calls, per key (the pair, the method, greedy or not)."""
+class Recent(collections.OrderedDict):
+    """A dict that keeps its `limit` most recently used entries (one small entry per program or
+    model pair: the caches below must not grow with a long-lived process's history)."""
 
-    def __init__(self):
-        self._values: dict = {}
+    def __init__(self, limit: int = 256):
+        super().__init__()
+        self.limit = limit
+
+    def lookup(self, key, default=None):
+        if key not in self:
+            return default
+        self.move_to_end(key)
+        return self[key]
+
+    def store(self, key, value) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+class ParamsIdentity:
+    """Which weights a remembered value belongs to: equal only to an identity of the very same
+    (still living) param arrays, so a new model reusing a collected one's ids starts afresh."""
+
+    def __init__(self, *params):
+        leaves = [jax.tree.leaves(p)[0] for p in params]
+        self._ids = tuple(id(x) for x in leaves)
+        self._refs = tuple(None if isinstance(x, jax.core.Tracer) else weakref.ref(x) for x in leaves)
+
+    def _alive(self) -> tuple:
+        return tuple(None if r is None else r() for r in self._refs)
+
+    def __hash__(self) -> int:
+        return hash(self._ids)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, ParamsIdentity) or self._ids != other._ids:
+            return False
+        mine, theirs = self._alive(), other._alive()
+        return all(a is not None and a is b for a, b in zip(mine, theirs))
+
+
+class AcceptanceMemory:
+    """Per-position acceptance of past calls, per key (the pair's weights, the method, greedy or
+    not); the most recent keys only."""
+
+    def __init__(self, limit: int = 256):
+        self._values = Recent(limit)
         self._lock = threading.Lock()
 
     def get(self, key) -> float:
         with self._lock:
-            return self._values.get(key, PRIOR_ACCEPTANCE)
+            return self._values.lookup(key, PRIOR_ACCEPTANCE)
 
     def update(self, key, observed: float | None) -> None:
         if observed is None:
             return
         with self._lock:
-            old = self._values.get(key)
-            self._values[key] = observed if old is None else ACCEPTANCE_MEMORY * old + (1 - ACCEPTANCE_MEMORY) * observed
+            old = self._values.lookup(key)
+            self._values.store(key, observed if old is None
+                               else ACCEPTANCE_MEMORY * old + (1 - ACCEPTANCE_MEMORY) * observed)
 
     def clear(self) -> None:
         with self._lock:
@@ -109,7 +156,7 @@ class AcceptanceMemory:
 
 
 ACCEPTANCE = AcceptanceMemory()
-_COSTS: dict = {}
+_COSTS = Recent()
 _COSTS_LOCK = threading.Lock()
 
 
@@ -170,8 +217,9 @@ def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -
 
     key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
     with _COSTS_LOCK:
-        if key in _COSTS:
-            return _COSTS[key]
+        known = _COSTS.lookup(key)
+    if known is not None:
+        return known
     context = context_bucket(context)
     tparams, dparams = loop_params(target), loop_params(draft)
     one = _loop_seconds(tparams, target.config, batch, 1, context)
@@ -180,7 +228,7 @@ def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -
     costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token,
                       draft=_loop_seconds(dparams, draft.config, batch, 1, context))
     with _COSTS_LOCK:
-        _COSTS[key] = costs
+        _COSTS.store(key, costs)
     return costs
 
 
@@ -188,7 +236,7 @@ def cached_costs(target, draft, batch: int, context: int, max_draft_len: int) ->
     """Measured costs if this process has them (no measuring: for traced decodes), else UNMEASURED."""
     key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
     with _COSTS_LOCK:
-        return _COSTS.get(key, UNMEASURED)
+        return _COSTS.lookup(key, UNMEASURED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +256,7 @@ def loop_inputs(costs: StepCosts, acceptance: float, draft_len: int) -> np.ndarr
 
 
 def acceptance_key(target, draft, method, sampling) -> tuple:
-    return (id(target.params), id(draft.params), method.name, method.paths, sampling.greedy)
+    return (ParamsIdentity(target.params, draft.params), method.name, method.paths, sampling.greedy)
 
 
 def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, np.ndarray]:
@@ -226,7 +274,7 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
     return plan(method, target, draft, sampling, cached_costs(target, draft, batch, context, method.max_draft_len))
 
 
-_CALIBRATION: dict = {}
+_CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
 # Loop inputs that make every step speculate / fall back (but for one probe per phase).
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5], np.float32)
@@ -240,7 +288,9 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     FORCE_SPECULATION and one with FORCE_PLAIN (which still probes once per phase); best of 3
     each. The draft forward's cost is the per-forward measurement scaled like the AR step. Kept
     per program; the prior acceptance stays the plan's."""
-    if program_key not in _CALIBRATION:
+    with _COSTS_LOCK:
+        calibration = _CALIBRATION.lookup(program_key)
+    if calibration is None:
         tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
 
         def timed(forced, max_new):
@@ -265,6 +315,8 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         t_ar = max(p_sec - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
         c_draft = costs.draft * t_ar / costs.target(1)
         forwards = max(s_len - 1.0, 0.0)
-        _CALIBRATION[program_key] = (t_ar, max(t_spec - forwards * c_draft, 1e-9), c_draft)
-    t_ar, t_spec_fixed, c_draft = _CALIBRATION[program_key]
+        calibration = (t_ar, max(t_spec - forwards * c_draft, 1e-9), c_draft)
+        with _COSTS_LOCK:
+            _CALIBRATION.store(program_key, calibration)
+    t_ar, t_spec_fixed, c_draft = calibration
     return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3]], np.float32)

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
+from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
-from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill, sample_rows
+from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
 from ssd_jax.models.transformer import forward_cached
@@ -160,12 +161,8 @@ class SpeculativeParts:
 
     def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
         """A plain decoding step (the target alone); the draft is left behind, see `resync`."""
-        cache = state.tcache
-        logits, cache = forward_cached(self.tparams, self.tcfg, state.cur[:, None], cache.lengths[:, None], cache)
-        cache = commit(cache, active.astype(jnp.int32))
-        b = state.cur.shape[0]
-        return Verdict(tcache=cache, inner=state.inner, chosen=jnp.zeros((b, 0), jnp.int32),
-                       accepted=jnp.zeros((b,), jnp.int32), next_token=sample_rows(self.sampling, keys, logits[:, 0]))
+        plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
+        return plain.step(state, keys, active).replace(inner=state.inner)
 
     def pending(self, inner) -> tuple[jax.Array, jax.Array]:
         """The tokens the draft has not read, int32 [B, pending_width] (the chunk, ending with
