@@ -14,7 +14,8 @@ Prompt sets (the embedded pair's tokenizer):
             repeating it, and the draft guesses that perfectly)
 
 Writes benchmarks/results/adaptive.json and adaptive.png (speedup over AR per configuration).
-    python benchmarks/bench_adaptive.py [--sets code,short] [--batch 1,8] [--temperatures 0,1]
+    python benchmarks/bench_adaptive.py [--method sd|bv|gbv|pld|logitspec|...] [--sets code,short]
+        [--batch 1,8] [--temperatures 0,1] [--lengths 1,...,8] [--tree-sizes 8,16,32,64]
 """
 
 from __future__ import annotations
@@ -60,12 +61,16 @@ def prompt_set(name: str, tokenizer, count: int) -> list[list[int]]:
     raise SystemExit(f"unknown prompt set {name!r}: use code, repeat, short, badguess")
 
 
-def configs(method: str, lengths: list[int], thresholds: list[float]) -> list[tuple[str, str, dict]]:
-    """(label, method, options) for AR, each fixed length and each auto threshold."""
+def configs(method: str, lengths: list[int], thresholds: list[float | None],
+            tree_sizes: list[int]) -> list[tuple[str, str, dict]]:
+    """(label, method, options) for AR, each fixed length, each tree size (LogitSpec, at its
+    default length) and each auto threshold (None: a method without one)."""
     out = [("ar", "ar", {})]
     out += [(f"{method} L={n}", method, dict(num_draft_tokens=n)) for n in lengths]
-    out += [(f"{method} auto" + (f" t={t:g}" if len(thresholds) > 1 else ""), method,
-             dict(num_draft_tokens="auto", threshold=t)) for t in thresholds]
+    out += [(f"{method} L=5 N={n}", method, dict(num_draft_tokens=5, tree_capacity=n)) for n in tree_sizes]
+    for t in thresholds:
+        options = dict(num_draft_tokens="auto") if t is None else dict(num_draft_tokens="auto", threshold=t)
+        out.append((f"{method} auto" + (f" t={t:g}" if len(thresholds) > 1 else ""), method, options))
     return out
 
 
@@ -99,6 +104,7 @@ def main() -> None:
     parser.add_argument("--temperatures", default="0,1")
     parser.add_argument("--lengths", default="1,2,3,4,5,6,7,8")
     parser.add_argument("--thresholds", default=None, help="auto's early-stop thresholds (default: the method's)")
+    parser.add_argument("--tree-sizes", default="8,16,32,64", help="LogitSpec's tree sizes (at L=5)")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
@@ -109,16 +115,17 @@ def main() -> None:
     target, draft = ssd_jax.default_models()
     if args.draft_model == "draft_small":
         draft = ssd_jax.defaults.default_small_draft()
-    default_threshold = ssd_jax.methods.METHOD_CLASSES[args.method]().threshold
+    default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)
     thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else [default_threshold]
     lengths = [int(n) for n in args.lengths.split(",") if n]
+    tree_sizes = [int(n) for n in args.tree_sizes.split(",") if n] if args.method == "logitspec" else []
     results = []
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for batch_size in (int(b) for b in args.batch.split(",")):
                 adaptive.ACCEPTANCE.clear()
-                cases = configs(args.method, lengths, thresholds)
+                cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,
                                    extra=("ar_fallback_share", "mean_draft_len", "planned_draft_len"))
@@ -129,7 +136,7 @@ def main() -> None:
                     for name in ("ar_fallback_share", "mean_draft_len", "planned_draft_len"):
                         row[name] = row.get(name, 0.0) / calls   # per-call means
                     entries.append(dict(label=lab, speedup_vs_ar=row["tokens_per_second"] / ar_rate, **row))
-                fixed = [e for e in entries if " L=" in e["label"]]
+                fixed = [e for e in entries if " L=" in e["label"]]   # every fixed setting
                 best = max(fixed, key=lambda e: e["tokens_per_second"]) if fixed else None
                 autos = [e for e in entries if "auto" in e["label"]]
                 case = dict(set=set_name, temperature=temperature, batch_size=batch_size, prompts=len(prompts),

@@ -84,9 +84,9 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
     if name == "ar":
         return 0
     if name == "pld":
-        return method.draft_len + 1
+        return method.max_len + 1
     if name == "logitspec":
-        return logitspec_layout(method.draft_len, method.topk, method.tree_size).num_nodes
+        return max(logitspec_layout(n, method.topk, method.tree_size).num_nodes for n in range(1, method.max_len + 1))
     if name == "csd":
         from ssd_jax.engine.cascade import cascade_schedule
 

@@ -94,7 +94,7 @@ def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> di
 
         nodes = draft_margin(method, sampling, draft)
         return dict(num_draft_tokens_per_step=nodes - 1, tree_nodes=nodes) if name == "logitspec" else \
-            dict(num_draft_tokens_per_step=method.draft_len, tree_nodes=method.draft_len + 1)
+            dict(num_draft_tokens_per_step=method.max_len, tree_nodes=method.max_len + 1)
     if name == "csd":
         from ssd_jax.engine.cascade import cascade_lenience, cascade_schedule, cascade_stats
 
@@ -229,8 +229,8 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
     from ssd_jax.engine import adaptive
 
     start = time.perf_counter()
-    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
-                                   method.max_draft_len)
+    costs = adaptive.measure_costs(target, adaptive.cost_draft(method, draft), batch.batch_size,
+                                   batch.max_length + max_new_tokens // 2, getattr(method, "max_draft_len", 8))
     plan, loop_inputs = adaptive.plan(method, target, draft, sampling, costs)
     return _Auto(plan=plan, loop_inputs=loop_inputs, costs=costs,
                  memory_key=adaptive.acceptance_key(target, draft, method, sampling),

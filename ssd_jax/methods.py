@@ -39,9 +39,9 @@ DEFAULTS: dict[str, dict] = {
     "specinfer": dict(_ADAPTIVE, paths=2),
     "spectr": dict(_ADAPTIVE, paths=2),
     "gbv": dict(_ADAPTIVE, paths=2),
-    "pld": dict(draft_len=5, min_ngram=1, max_ngram=3),
+    "pld": dict(draft_len=5, min_ngram=1, max_ngram=3, max_draft_len=8),
     # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
-    "logitspec": dict(draft_len=5, topk=16, tree_size=None, max_ngram=3),
+    "logitspec": dict(draft_len=5, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
     "ssd": dict(draft_len=4, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
@@ -172,10 +172,10 @@ _ADAPTIVE_RULES = dict(draft_len=draft_length, max_draft_len=positive_int,
 
 
 @dataclasses.dataclass(frozen=True)
-class _Adaptive(Method):
-    """A draft-model method with adaptive speculation: draft_len an int (fixed) or "auto";
-    max_draft_len: the static maximum "auto" may choose; threshold in (0, 1): a single-path draft
-    stops early when its top probability for the next token falls below it ("auto" only)."""
+class _AutoLength(Method):
+    """A method with adaptive speculation: draft_len an int (fixed) or "auto" (the length chosen
+    per call from measured costs, and plain decoding where speculation does not pay);
+    max_draft_len: the static maximum "auto" may choose."""
 
     @property
     def adaptive(self) -> bool:
@@ -185,6 +185,12 @@ class _Adaptive(Method):
     def max_len(self) -> int:
         """The longest draft this method may propose (the static maximum under "auto")."""
         return self.max_draft_len if self.adaptive else self.draft_len
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adaptive(_AutoLength):
+    """A draft-model method with adaptive speculation; threshold in (0, 1): a single-path draft
+    stops early when its top probability for the next token falls below it ("auto" only)."""
 
     @property
     def drafts_with_model(self) -> bool:
@@ -269,14 +275,18 @@ class GBV(_MultiPath):
 
 
 @dataclasses.dataclass(frozen=True)
-class PLD(Method):
-    """Prompt lookup: copy what followed the text's last n-gram (n = max_ngram..min_ngram)."""
+class PLD(_AutoLength):
+    """Prompt lookup: copy what followed the text's last n-gram (n = max_ngram..min_ngram).
+    draft_len "auto": the copied length chosen per call (at most max_draft_len), and plain
+    decoding while retrieval does not pay."""
 
     name: ClassVar[str] = "pld"
-    draft_len: int = _d("pld", "draft_len")
+    draft_len: int | str = _d("pld", "draft_len")
     min_ngram: int = _d("pld", "min_ngram")
     max_ngram: int = _d("pld", "max_ngram")
-    RULES: ClassVar[dict] = dict(draft_len=positive_int, min_ngram=positive_int, max_ngram=positive_int)
+    max_draft_len: int = _d("pld", "max_draft_len")
+    RULES: ClassVar[dict] = dict(draft_len=draft_length, min_ngram=positive_int, max_ngram=positive_int,
+                                 max_draft_len=positive_int)
 
     def check(self) -> None:
         if self.max_ngram < self.min_ngram:
@@ -284,18 +294,21 @@ class PLD(Method):
 
 
 @dataclasses.dataclass(frozen=True)
-class LogitSpec(Method):
+class LogitSpec(_AutoLength):
     """Retrieval for the root and the last logit's top-k next-next guesses, a token tree of at
     most tree_size nodes (root included; None: the backend policy's size for the target's
-    platform, filled in by `for_target`); draft_len: the root's retrieved branch."""
+    platform, filled in by `for_target`); draft_len: the root's retrieved branch ("auto": chosen
+    per call, at most max_draft_len and tree_size - 2, and plain decoding while the tree does not
+    pay)."""
 
     name: ClassVar[str] = "logitspec"
-    draft_len: int = _d("logitspec", "draft_len")
+    draft_len: int | str = _d("logitspec", "draft_len")
     topk: int = _d("logitspec", "topk")
     tree_size: int | None = _d("logitspec", "tree_size")
     max_ngram: int = _d("logitspec", "max_ngram")
-    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=_optional(positive_int),
-                                 max_ngram=positive_int)
+    max_draft_len: int = _d("logitspec", "max_draft_len")
+    RULES: ClassVar[dict] = dict(draft_len=draft_length, topk=positive_int, tree_size=_optional(positive_int),
+                                 max_ngram=positive_int, max_draft_len=positive_int)
 
     def check(self) -> None:
         if self.tree_size is not None and self.tree_size < 2:
@@ -310,15 +323,25 @@ class CSD(Method):
     for the temperature, `ssd_jax.draft.cascade_schedule.default_cascade`); lenience: > 1 only at
     temperature 0 (None: 2 there, else 1); max_ngram: Max-Gram's longest n-gram;
     max_draft_tokens: the most draft tokens the target verifies per step (None: the default
-    cascade's cap without a k_matrix, else all)."""
+    cascade's cap without a k_matrix, else all; "auto": None's cap, and plain decoding while the
+    cascade does not pay, `ssd_jax.engine.adaptive_loop`)."""
 
     name: ClassVar[str] = "csd"
     k_matrix: tuple | None = _d("csd", "k_matrix")
     lenience: float | None = _d("csd", "lenience")
     max_ngram: int = _d("csd", "max_ngram")
-    max_draft_tokens: int | None = _d("csd", "max_draft_tokens")
+    max_draft_tokens: int | str | None = _d("csd", "max_draft_tokens")
     RULES: ClassVar[dict] = dict(k_matrix=_optional(_k_matrix), lenience=_optional(_lenience),
-                                 max_ngram=positive_int, max_draft_tokens=_optional(positive_int))
+                                 max_ngram=positive_int, max_draft_tokens=_optional(draft_length))
+
+    @property
+    def adaptive(self) -> bool:
+        return self.max_draft_tokens == AUTO
+
+    @property
+    def cap(self) -> int | None:
+        """max_draft_tokens as the schedule takes it (None for "auto")."""
+        return None if self.adaptive else self.max_draft_tokens
 
     @property
     def drafts_with_model(self) -> bool:

@@ -34,6 +34,17 @@ def test_bad_adaptive_options_name_field_and_value(cls, options, field, value):
         cls(**options)
 
 
+@pytest.mark.parametrize("cls", [ssd_jax.PLD, ssd_jax.LogitSpec])
+@pytest.mark.parametrize("options, field, value", [
+    (dict(draft_len="automatic"), "draft_len", "'automatic'"),
+    (dict(draft_len="auto", max_draft_len=-2), "max_draft_len", "-2"),
+    (dict(draft_len="auto", max_draft_len=0), "max_draft_len", "0"),
+])
+def test_bad_retrieval_auto_options_name_field_and_value(cls, options, field, value):
+    with pytest.raises(InputError, match=rf"{field} .*{value}"):
+        cls(**options)
+
+
 def test_auto_is_a_static_hashable_method():
     assert ssd_jax.SD(draft_len="auto") == ssd_jax.SD(draft_len="auto")
     assert ssd_jax.SD(draft_len="auto").adaptive and not ssd_jax.SD(draft_len=4).adaptive
@@ -135,6 +146,18 @@ def test_auto_greedy_equals_autoregressive(models, method):
     assert out.stats["adaptive"] and 1 <= out.stats["planned_draft_len"] <= method.max_draft_len
 
 
+@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8)],
+                         ids=["pld", "logitspec"])
+def test_retrieval_auto_greedy_equals_autoregressive(models, method):
+    target, _ = models
+    prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3], [9], [10, 11, 12, 13, 14, 15, 16]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=40)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method)
+    assert out.tokens == ar.tokens
+    assert out.stats["adaptive"] and 1 <= out.stats["planned_draft_len"] <= method.max_draft_len
+    assert out.stats["early_stop_threshold"] is None
+
+
 # Costs that make every step after the first speculative one fall back to plain decoding, and
 # costs that always pay: (AR step, speculative step, draft forward, prior acceptance).
 FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5], np.float32)
@@ -146,7 +169,8 @@ def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draf
     tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
-    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.threshold if method.paths == 1 else None)
+    single = getattr(method, "paths", None) == 1
+    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.threshold if single else None)
     fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
         t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
         eos_ids=tuple(target.config.eos_token_ids or ()), out_size=max_new,
@@ -168,6 +192,23 @@ def test_fallback_to_plain_decoding_is_exact_greedy(models):
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2   # several phases ran
 
 
+@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8),
+                                    ssd_jax.CSD(max_draft_tokens="auto")], ids=["pld", "logitspec", "csd"])
+def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method):
+    """Retrieval or cascade steps, then plain steps that still extend the context (and
+    LogitSpec's last logits) while the cascade's drafters fall behind, then speculation again
+    (the drafters catching up): the AR tokens."""
+    target, draft = models
+    prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
+    draft = draft if method.drafts_with_model else None
+    out = _decode(target, draft, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2
+
+
 VOCAB, NEW, SAMPLES = 4, 3, 6000
 
 
@@ -180,13 +221,18 @@ def tiny_models():
     (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK),
-], ids=["sd-early-stop", "bv-early-stop-then-plain", "gbv-then-plain"])
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK),
+    (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK),
+    (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK),
+], ids=["sd-early-stop", "bv-early-stop-then-plain", "gbv-then-plain", "pld-then-plain", "logitspec-then-plain",
+        "csd-then-plain"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
     """T=1: draft lengths that depend on the draft's confidence (per row) and on the running
     acceptance (the fall back to plain decoding) keep the target's law over 3 tokens."""
     target, draft = tiny_models
+    draft = draft if method.drafts_with_model else None
     sampling = SamplingParams(temperature=1.0)
-    prompt = [0, 2, 1]
+    prompt = [0, 2, 1, 0, 2]
     keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
     out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW)
     counts = np.zeros((VOCAB,) * NEW)
@@ -196,8 +242,10 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
     sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
     assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
     counters = jax.device_get(out.counters["spec"])
-    if method.paths == 1:   # the early stop happened: some rows proposed fewer than 2 tokens
+    if getattr(method, "paths", None) == 1:   # the early stop happened: some rows proposed fewer than 2 tokens
         assert counters.num_drafted.sum() < 2 * counters.num_drafts.sum()
+    if not isinstance(method, (ssd_jax.SD, ssd_jax.BV, ssd_jax.GBV)):   # the probe's draft was used
+        assert counters.num_accepted.sum() > 0
 
 
 # ---------------------------------------------------------------------------- the stopping rule

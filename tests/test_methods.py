@@ -11,7 +11,7 @@ from ssd_jax.methods import DEFAULTS, METHOD_CLASSES, as_method
 
 BAD_COUNTS = [0, -1, True, 2.0, "3", None]
 GOOD_COUNTS = [1, 7, np.int64(4), np.int32(2)]
-# Adaptive draft-model methods: draft_len may be "auto"; max_draft_len and threshold go with it.
+# Adaptive methods: draft_len may be "auto"; max_draft_len (and for draft models threshold) go with it.
 ADAPTIVE = dict(draft_len=(GOOD_COUNTS + ["auto"], BAD_COUNTS + ["automatic", "AUTO"]),
                 max_draft_len=(GOOD_COUNTS, BAD_COUNTS),
                 threshold=([0.02, 0.5, np.float32(0.9)], [0, 1, 1.5, -0.1, True, "0.5", None, float("nan")]))
@@ -23,9 +23,10 @@ TABLE = {
     ssd_jax.SpecInfer: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
     ssd_jax.SpecTr: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
     ssd_jax.GBV: dict(ADAPTIVE, paths=(GOOD_COUNTS, BAD_COUNTS)),
-    ssd_jax.PLD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), min_ngram=([1], BAD_COUNTS + [9]),
-                      max_ngram=([3, np.int64(5)], BAD_COUNTS)),
-    ssd_jax.LogitSpec: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), topk=(GOOD_COUNTS, BAD_COUNTS),
+    ssd_jax.PLD: dict(draft_len=ADAPTIVE["draft_len"], max_draft_len=ADAPTIVE["max_draft_len"],
+                      min_ngram=([1], BAD_COUNTS + [9]), max_ngram=([3, np.int64(5)], BAD_COUNTS)),
+    ssd_jax.LogitSpec: dict(draft_len=ADAPTIVE["draft_len"], max_draft_len=ADAPTIVE["max_draft_len"],
+                            topk=(GOOD_COUNTS, BAD_COUNTS),
                             tree_size=([None, 2, 64, np.int64(8)], BAD_COUNTS[:-1] + [1]), max_ngram=(GOOD_COUNTS, BAD_COUNTS)),
     ssd_jax.CSD: dict(k_matrix=([None, [[0, 3, 0], [0, 0, 2]], ((0, 1, 0), (0, 0, np.int64(1)), (0, 0, 0))],
                                 ["abc", 3, [[0, -1, 0]], [[0, 1.5, 0]], [[0, True, 0]], [], [3]]),

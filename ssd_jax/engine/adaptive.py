@@ -50,13 +50,15 @@ class StepCosts:
     def target(self, width: int) -> float:
         return self.target_fixed + self.target_per_token * width
 
-    def spec_step(self, draft_len: int) -> float:
-        return self.target(draft_len + 1) + draft_len * self.draft
+    def spec_step(self, draft_len: int, paths: int = 1) -> float:
+        """A step drafting draft_len tokens on each of `paths` paths (batched draft forwards) and
+        verifying them in one tree."""
+        return self.target(paths * draft_len + 1) + draft_len * self.draft
 
-    def loop_array(self, draft_len: int) -> np.ndarray:
+    def loop_array(self, verify_width: int) -> np.ndarray:
         """The costs the loop decides with, float32 [3]: (AR step, spec step without its draft
-        forwards, one draft forward), for a loop verifying draft_len + 1 tokens."""
-        return np.asarray([self.target(1), self.target(draft_len + 1) + self.draft, self.draft], np.float32)
+        forwards, one draft forward), for a loop verifying verify_width tokens at once."""
+        return np.asarray([self.target(1), self.target(verify_width) + self.draft, self.draft], np.float32)
 
 
 # Relative costs used when nothing was measured: a draft ~10x cheaper than the target and a
@@ -70,13 +72,13 @@ def expected_tokens(acceptance: float, draft_len: int) -> float:
     return (1 - a ** (draft_len + 1)) / (1 - a)
 
 
-def predicted_speedup(costs: StepCosts, acceptance: float, draft_len: int) -> float:
-    return expected_tokens(acceptance, draft_len) * costs.target(1) / costs.spec_step(draft_len)
+def predicted_speedup(costs: StepCosts, acceptance: float, draft_len: int, paths: int = 1) -> float:
+    return expected_tokens(acceptance, draft_len) * costs.target(1) / costs.spec_step(draft_len, paths)
 
 
-def choose_draft_len(costs: StepCosts, acceptance: float, max_draft_len: int) -> int:
+def choose_draft_len(costs: StepCosts, acceptance: float, max_draft_len: int, paths: int = 1) -> int:
     """L* in 1..max_draft_len maximising the predicted speedup (ties: the shorter)."""
-    speedups = [predicted_speedup(costs, acceptance, n) for n in range(1, max_draft_len + 1)]
+    speedups = [predicted_speedup(costs, acceptance, n, paths) for n in range(1, max_draft_len + 1)]
     return 1 + int(np.argmax(np.round(speedups, 6)))
 
 
@@ -172,7 +174,7 @@ def _model_key(model) -> tuple:
 def pair_key(target, draft) -> tuple:
     """What a pair's costs and acceptance are remembered under (configs, dtypes, backend, mesh;
     params by identity for acceptance, since other weights accept differently)."""
-    return _model_key(target) + _model_key(draft)
+    return _model_key(target) + (_model_key(draft) if draft is not None else ("retrieval",))
 
 
 def context_bucket(length: int) -> int:
@@ -212,7 +214,8 @@ def _loop_seconds(params, config, batch: int, width: int, context: int) -> float
 
 def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
     """The pair's StepCosts at this batch and context (rounded up to a power of two), measured
-    once per process (target at 1 and max_draft_len + 1 tokens, draft at 1)."""
+    once per process (target at 1 and max_draft_len + 1 tokens, draft at 1; draft None, for
+    retrieval drafting: no draft forwards, draft cost 0)."""
     from ssd_jax.engine.autoregressive import loop_params
 
     key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
@@ -221,12 +224,12 @@ def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -
     if known is not None:
         return known
     context = context_bucket(context)
-    tparams, dparams = loop_params(target), loop_params(draft)
+    tparams = loop_params(target)
     one = _loop_seconds(tparams, target.config, batch, 1, context)
     wide = _loop_seconds(tparams, target.config, batch, max_draft_len + 1, context)
     per_token = max(wide - one, 0.0) / max_draft_len
-    costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token,
-                      draft=_loop_seconds(dparams, draft.config, batch, 1, context))
+    draft_cost = 0.0 if draft is None else _loop_seconds(loop_params(draft), draft.config, batch, 1, context)
+    costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token, draft=draft_cost)
     with _COSTS_LOCK:
         _COSTS.store(key, costs)
     return costs
@@ -249,29 +252,61 @@ class AutoPlan:
     threshold: float | None
 
 
-def loop_inputs(costs: StepCosts, acceptance: float, draft_len: int) -> np.ndarray:
+def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int) -> np.ndarray:
     """The loop's traced cost inputs, float32 [4]: `StepCosts.loop_array` and the acceptance its
     running estimate starts from."""
-    return np.concatenate([costs.loop_array(draft_len), np.asarray([acceptance], np.float32)])
+    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance], np.float32)])
+
+
+def _drafters(draft) -> tuple:
+    """The draft models of a method's draft argument (None, a Model, CSD's tuple)."""
+    drafts = draft if isinstance(draft, (tuple, list)) else (draft,)
+    return tuple(d for d in drafts if d is not None and hasattr(d, "params"))
 
 
 def acceptance_key(target, draft, method, sampling) -> tuple:
-    return (ParamsIdentity(target.params, draft.params), method.name, method.paths, sampling.greedy)
+    weights = (target.params,) + tuple(d.params for d in _drafters(draft))
+    return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), sampling.greedy)
+
+
+def cost_draft(method, draft):
+    """The model whose forward `measure_costs` times as the draft cost: the draft of draft-model
+    methods; None for retrieval and CSD (their drafting is inside the calibrated step time)."""
+    return draft if getattr(method, "drafts_with_model", False) and method.name != "csd" else None
 
 
 def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, np.ndarray]:
-    """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs."""
+    """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs. Draft-model
+    methods: L* of the cost model, single paths with the early stop. PLD: L* with a free draft.
+    CSD: its cascade's cap (the fall back to plain decoding is what "auto" adds).
+    LogitSpec: its tree's width does not depend on the root branch, so the branch is as long as
+    allowed (max_draft_len, leaving the next-next guesses at least one node)."""
+    from ssd_jax.engine.retrieval import retrieval_layout
+
     acceptance = ACCEPTANCE.get(acceptance_key(target, draft, method, sampling))
-    draft_len = choose_draft_len(costs, acceptance, method.max_draft_len)
-    threshold = method.threshold if method.paths == 1 else None
-    return AutoPlan(draft_len=draft_len, threshold=threshold), loop_inputs(costs, acceptance, draft_len)
+    paths = getattr(method, "paths", 1)
+    if method.name == "csd":
+        from ssd_jax.engine.cascade import cascade_schedule
+
+        draft_len = cascade_schedule(method, max(len(_drafters(draft)), 1), sampling).target_width
+    elif method.name == "logitspec":
+        draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
+    else:
+        draft_len = choose_draft_len(costs, acceptance, method.max_draft_len, paths)
+    if method.name in ("pld", "logitspec"):
+        width = retrieval_layout(method, draft_len).num_nodes
+    else:
+        width = paths * draft_len + 1
+    threshold = method.threshold if cost_draft(method, draft) is not None and paths == 1 else None
+    return AutoPlan(draft_len=draft_len, threshold=threshold), loop_inputs(costs, acceptance, width)
 
 
 def default_plan(method, target, draft, sampling, batch: int, context: int) -> tuple[AutoPlan, np.ndarray]:
     """(AutoPlan, loop_inputs) from what this process already knows (costs measured by an earlier
     `generate` of the pair, else UNMEASURED; remembered acceptance, else the prior): for traced
     decodes, which cannot measure."""
-    return plan(method, target, draft, sampling, cached_costs(target, draft, batch, context, method.max_draft_len))
+    return plan(method, target, draft, sampling, cached_costs(target, cost_draft(method, draft), batch, context,
+                                                              getattr(method, "max_draft_len", 8)))
 
 
 _CALIBRATION = Recent()

@@ -2,7 +2,7 @@
 while they do not, all inside one jitted program (no host round trip).
 
     while some row runs:
-        speculative steps while they pay (at least one: the probe)
+        speculative steps while they pay (at least one, a probe, unless backing off)
         plain decoding steps while speculation does not pay, the draft falling behind by at
             most `pending_width` tokens
         the draft reads the tokens it missed (one forward)
@@ -14,9 +14,14 @@ one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`):
 
     E * c_ar >= MARGIN * (c_spec + F * c_draft)
 
-The sums start from PRIOR_STEPS steps at the plan's acceptance (E(L) of the geometric model).
-MARGIN < 1 leans towards speculating: a wrong fall back costs a whole phase of plain steps, a
-wrong speculative step only itself.
+A and S are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
+during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
+once the short memory is back near the long one (at once where speculation pays on average,
+after up to `pending_width` - 1 tokens where it does not). A probe (one speculative step) that
+does not pay doubles the number of plain phases before the next probe, up to MAX_BACKOFF, so
+text where speculation never pays costs few probes. Both memories start from PRIOR_STEPS steps
+at the plan's acceptance (E(L) of the geometric model). MARGIN < 1 leans towards speculating: a
+wrong fall back costs plain steps, a wrong speculative step only itself.
 
 The choice uses only past steps and the costs, never the current step's target probabilities,
 so the output law is the target's whatever it decides.
@@ -35,23 +40,30 @@ from ssd_jax.sampling import SamplingParams
 # Weight of the past in the running sums and averages (per speculative step), and how many
 # steps' worth of evidence the prior acceptance counts for.
 DECAY = 0.9
+LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
 MARGIN = 0.9
+MAX_BACKOFF = 8
 
 
 @struct.dataclass
 class AdaptiveState:
     """decode: the skeleton's DecodeState; accepted, steps float32 []: decayed sums of accepted
-    tokens per running row and of speculative steps; forwards_per_step float32 []: running
-    average over speculative steps; probe
-    bool []: the next speculative loop runs at least once; pending int32 [B, P], pending_len
-    int32 [B]: tokens the draft has not read (ending with cur)."""
+    tokens per running row and of speculative steps; long_accepted, long_steps: the same with the
+    long memory; forwards_per_step float32 []: running average over speculative steps;
+    spec_steps int32 []: speculative steps of the current phase; wait int32 []: phases left
+    before the next probe; backoff int32 []: phases between probes after the last failed one;
+    pending int32 [B, P], pending_len int32 [B]: tokens the draft has not read (ending with cur)."""
 
     decode: DecodeState
     accepted: jax.Array
     steps: jax.Array
+    long_accepted: jax.Array
+    long_steps: jax.Array
     forwards_per_step: jax.Array
-    probe: jax.Array
+    spec_steps: jax.Array
+    wait: jax.Array
+    backoff: jax.Array
     pending: jax.Array
     pending_len: jax.Array
 
@@ -60,18 +72,22 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                  max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
                  out_size: int, stream: bool, placement=None) -> DecodeState:
     """`ssd_jax.engine.skeleton.run` with the fallback to plain decoding. parts: `SpeculativeParts`
-    with pending_width > 0; costs float32 [4] (`loop_inputs`). Returns the final DecodeState."""
+    or `RetrievalParts` with pending_width > 0; costs float32 [4] (`loop_inputs`). Returns the final DecodeState."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
                   out_size=out_size, stream=stream, placement=placement)
     costs = costs.astype(jnp.float32)
     c_ar, c_spec, c_draft, prior_acceptance = costs[0], costs[1], costs[2], costs[3]
-    L = parts.num_draft_tokens
+    L = parts.draft_len
     pending, pending_len = parts.pending(state.inner)
     a = jnp.clip(prior_acceptance, 0.0, 0.999)
     prior_tokens = (1 - a ** (L + 1)) / (1 - a)
-    initial = AdaptiveState(decode=state, accepted=PRIOR_STEPS * (prior_tokens - 1), steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
-                            forwards_per_step=jnp.asarray(L - 1, jnp.float32),
-                            probe=jnp.ones((), bool), pending=pending, pending_len=pending_len)
+    zero = jnp.zeros((), jnp.int32)
+    prior_accepted, prior_steps = PRIOR_STEPS * (prior_tokens - 1), jnp.asarray(PRIOR_STEPS, jnp.float32)
+    initial = AdaptiveState(decode=state, accepted=prior_accepted, steps=prior_steps,
+                            long_accepted=prior_accepted, long_steps=prior_steps,
+                            forwards_per_step=jnp.asarray(L - 1 if parts.drafts_with_model else 0, jnp.float32),
+                            spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
+                            pending=pending, pending_len=pending_len)
 
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
@@ -85,12 +101,17 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         active = ~d.outputs.done
         verdict = parts.step(d, fold_rows(keys, d.step), active)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
+        # Retrieval drafting runs no draft forwards.
+        forwards = jnp.zeros((), jnp.float32) if verdict.draft_forwards is None \
+            else verdict.draft_forwards.astype(jnp.float32)
         n_active = jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
         mean = lambda x: jnp.sum(jnp.where(active, x, 0)).astype(jnp.float32) / n_active  # noqa: E731
         average = lambda old, new: DECAY * old + (1 - DECAY) * new  # noqa: E731
-        return s.replace(decode=d, probe=jnp.zeros((), bool),
-                         accepted=DECAY * s.accepted + mean(verdict.accepted), steps=DECAY * s.steps + 1,
-                         forwards_per_step=average(s.forwards_per_step, verdict.draft_forwards.astype(jnp.float32)))
+        accepted = mean(verdict.accepted)
+        return s.replace(decode=d, spec_steps=s.spec_steps + 1,
+                         accepted=DECAY * s.accepted + accepted, steps=DECAY * s.steps + 1,
+                         long_accepted=LONG_DECAY * s.long_accepted + accepted, long_steps=LONG_DECAY * s.long_steps + 1,
+                         forwards_per_step=average(s.forwards_per_step, forwards))
 
     def plain(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
@@ -100,10 +121,22 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         rows = jnp.arange(s.pending.shape[0])
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
-        return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32))
+        # The short memory moves towards the long one's per-step mean at the speculative pace.
+        long_mean = s.long_accepted / s.long_steps
+        return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
+                         accepted=DECAY * s.accepted + long_mean, steps=DECAY * s.steps + 1)
 
     def phase(s: AdaptiveState) -> AdaptiveState:
-        s = jax.lax.while_loop(lambda s: running(s) & (s.probe | pays(s)), speculative, s.replace(probe=jnp.ones((), bool)))
+        probe = s.wait <= 0
+        s = jax.lax.while_loop(lambda s: running(s) & ((probe & (s.spec_steps == 0)) | pays(s)), speculative,
+                               s.replace(spec_steps=zero))
+        # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
+        # speculation that paid resets it.
+        failed = probe & (s.spec_steps == 1)
+        backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF),
+                            jnp.where(s.spec_steps > 0, 1, s.backoff))
+        wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
+        s = s.replace(backoff=backoff, wait=wait)
         pending, pending_len = parts.pending(s.decode.inner)
         s = s.replace(pending=pending, pending_len=pending_len)
         width = s.pending.shape[1]

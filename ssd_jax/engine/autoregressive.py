@@ -70,6 +70,10 @@ class ARParts:
         return ()
 
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        return self.logits_and_step(state, keys, active)[1]
+
+    def logits_and_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> tuple[jax.Array, Verdict]:
+        """`step`, also returning the target's logits float32 [B, V] the next token was drawn from."""
         # Entered only while some row is active, so every iteration needs this forward; no
         # lax.cond around it (a cond made XLA copy the whole cache at every step).
         cache = state.tcache
@@ -77,8 +81,8 @@ class ARParts:
         cache = commit(cache, active.astype(jnp.int32))
         token = sample_rows(self.sampling, keys, logits[:, 0])
         b = token.shape[0]
-        return Verdict(tcache=cache, inner=(), chosen=jnp.zeros((b, 0), jnp.int32),
-                       accepted=jnp.zeros((b,), jnp.int32), next_token=token)
+        return logits[:, 0], Verdict(tcache=cache, inner=(), chosen=jnp.zeros((b, 0), jnp.int32),
+                                     accepted=jnp.zeros((b,), jnp.int32), next_token=token)
 
 
 def ar_parts(tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int, out_size: int) -> ARParts:

@@ -31,6 +31,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
+from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
@@ -43,7 +44,8 @@ from ssd_jax.sampling import SamplingParams, probabilities
 class CascadeParts:
     """The schedule, lenience (temperature 0), Max-Gram's largest n-gram and table (int32 [V];
     any table without Max-Gram ops), the drafters' params and configs (largest first), buffer
-    sizes. inner state: `CascadeState` (context, drafter caches, laws, review counters)."""
+    sizes; pending_width: > 0 under adaptive speculation (`ar_step`, `resync`). inner state:
+    `CascadeState` (context, drafter caches, laws, review counters)."""
 
     schedule: CascadeSchedule
     lenience: float
@@ -56,11 +58,14 @@ class CascadeParts:
     sampling: SamplingParams
     prompt_size: int
     out_size: int
+    pending_width: int = 0
 
     @property
     def capacity(self) -> int:
-        """KV cache and context slots: prompt + outputs + two drafts + the widest pending window."""
-        return self.prompt_size + self.out_size + 2 * (self.schedule.width + 1) + self.schedule.max_pending + 4
+        """KV cache and context slots: prompt + outputs + two drafts + the widest pending window
+        (+ a plain phase's, under adaptive speculation)."""
+        return (self.prompt_size + self.out_size + 2 * (self.schedule.width + 1) + self.schedule.max_pending + 4
+                + self.pending_width)
 
     @property
     def room(self) -> int:
@@ -115,18 +120,65 @@ class CascadeParts:
                        drafted=valid)
 
 
+    # ------------------------------------------------------------ adaptive speculation's fallback
+
+    drafts_with_model = False   # the loop's draft-forward cost is folded into the measured step
+
+    @property
+    def draft_len(self) -> int:
+        return self.schedule.target_width
+
+    def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        """A plain decoding step: the target reads cur, the token it samples joins the context;
+        the drafters fall behind (`resync`)."""
+        plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
+        verdict = plain.step(state, keys, active)
+        dstate, capacity = state.inner, self.capacity
+        rows = jnp.arange(keys.shape[0])
+        end = state.tcache.lengths + 1   # the new token's position
+        context = dstate.context.at[rows, jnp.where(active, end, capacity)].set(verdict.next_token, mode="drop")
+        return verdict.replace(inner=dstate.replace(context=context, length=jnp.where(active, end + 1, dstate.length)))
+
+    def pending(self, inner) -> tuple[jax.Array, jax.Array]:
+        """Bounds plain phases like `SpeculativeParts.pending`; the tokens themselves are in the
+        context: int32 [B, pending_width] zeros, int32 [B] ones."""
+        b = inner.length.shape[0]
+        return jnp.zeros((b, self.pending_width), jnp.int32), jnp.ones((b,), jnp.int32)
+
+    def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
+        """Every drafter reads the context up to cur (not included), as after a speculative step."""
+        width, capacity = self.pending_width + self.schedule.max_pending + 1, self.capacity
+        cur_position = inner.length - 1
+        caches = []
+        for params, config, cache in zip(self.dparams, self.dcfgs, inner.caches):
+            start = cache.lengths
+            positions = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+            tokens = jnp.take_along_axis(inner.context, jnp.clip(positions, 0, capacity - 1), axis=1)
+            # Slots past what is committed are never read; clamped for learned position tables.
+            positions = jnp.minimum(positions, config.max_position_embeddings - 1)
+            _, cache = forward_cached(params, config, tokens, positions, cache,
+                                      logit_indices=jnp.zeros((start.shape[0], 1), jnp.int32))
+            caches.append(commit(cache, jnp.maximum(cur_position - start, 0)))
+        return inner.replace(caches=tuple(caches))
+
+
 def cascade_parts(method, tparams: dict, tcfg: ModelConfig, dparams: tuple, dcfgs: tuple, bigram,
-                  sampling: SamplingParams, prompt_width: int, out_size: int) -> CascadeParts:
-    """method: a CSD object (its schedule is built for len(dparams) drafters and the temperature)."""
+                  sampling: SamplingParams, prompt_width: int, out_size: int, plan=None) -> CascadeParts:
+    """method: a CSD object (its schedule is built for len(dparams) drafters and the temperature);
+    plan: its `AutoPlan` when max_draft_tokens is "auto" (then the parts can fall back to plain
+    decoding)."""
+    from ssd_jax.engine.speculative import PENDING_WIDTH
+
     return CascadeParts(schedule=cascade_schedule(method, len(dparams), sampling), lenience=cascade_lenience(method, sampling),
                         max_ngram=method.max_ngram, bigram=bigram, tparams=tparams, tcfg=tcfg, dparams=tuple(dparams),
-                        dcfgs=tuple(dcfgs), sampling=sampling, prompt_size=prompt_width, out_size=out_size)
+                        dcfgs=tuple(dcfgs), sampling=sampling, prompt_size=prompt_width, out_size=out_size,
+                        pending_width=PENDING_WIDTH if plan is not None else 0)
 
 
 def cascade_schedule(method, num_drafters: int, sampling: SamplingParams) -> CascadeSchedule:
     from ssd_jax.draft.cascade_schedule import build_schedule
 
-    return build_schedule(method.k_matrix, num_drafters, method.max_draft_tokens, sampling.greedy)
+    return build_schedule(method.k_matrix, num_drafters, method.cap, sampling.greedy)
 
 
 def cascade_lenience(method, sampling: SamplingParams) -> float:

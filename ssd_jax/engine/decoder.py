@@ -50,12 +50,12 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
     if isinstance(method, AR):
         return ar_parts(tparams, tcfg, sampling, prompt_width, out_size)
     if isinstance(method, (PLD, LogitSpec)):
-        return retrieval_parts(method, tparams, tcfg, sampling, prompt_width, out_size)
+        return retrieval_parts(method, tparams, tcfg, sampling, prompt_width, out_size, plan=plan)
     if isinstance(method, CSD):
         models, maxgram = split_cascade(draft)
         bigram = maxgram.bigram if maxgram is not None else jnp.zeros((1,), jnp.int32)
         return cascade_parts(method, tparams, tcfg, tuple(in_loop_params(m) for m in models),
-                             tuple(m.config for m in models), bigram, sampling, prompt_width, out_size)
+                             tuple(m.config for m in models), bigram, sampling, prompt_width, out_size, plan=plan)
     return speculative_parts(method, tparams, tcfg, in_loop_params(draft), draft.config,
                              sampling, prompt_width, out_size, plan=plan)
 

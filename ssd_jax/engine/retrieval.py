@@ -24,6 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
+from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict
 from ssd_jax.models.config import ModelConfig
@@ -33,24 +34,36 @@ from ssd_jax.sampling import SamplingParams, probabilities
 from ssd_jax.verify.point_tree import point_mass_tree
 
 
+def retrieval_layout(method, draft_len: int) -> TreeLayout:
+    """The static tree of a PLD (one chain of draft_len nodes) or LogitSpec object whose root
+    branch is draft_len tokens."""
+    if method.name == "pld":
+        return linear_layout(draft_len)
+    return logitspec_layout(draft_len, method.topk, method.tree_size)
+
+
 @dataclasses.dataclass(frozen=True)
 class RetrievalParts:
-    """method: a PLD or LogitSpec object; prompt_size / out_size: static buffer sizes.
-    inner state: dict(context int32 [B, C], context_len int32 [B], last_logits float32 [B, V])."""
+    """method: a PLD or LogitSpec object; draft_len: its (planned, under "auto") root branch
+    length; prompt_size / out_size: static buffer sizes. pending_width: > 0 under adaptive
+    speculation (plain-decoding steps between speculative ones; nothing to resync, since
+    retrieval keeps no draft model state). inner state: dict(context int32 [B, C], context_len
+    int32 [B], last_logits float32 [B, V])."""
 
     method: object
+    draft_len: int
     tparams: dict
     tcfg: ModelConfig
     sampling: SamplingParams
     prompt_size: int
     out_size: int
+    pending_width: int = 0
 
     @functools.cached_property
     def layout(self) -> TreeLayout:
-        m = self.method
-        if m.name == "pld":
-            return linear_layout(m.draft_len)
-        return logitspec_layout(m.draft_len, m.topk, m.tree_size)
+        return retrieval_layout(self.method, self.draft_len)
+
+    drafts_with_model = False
 
     @property
     def capacity(self) -> int:
@@ -78,7 +91,7 @@ class RetrievalParts:
     def _draft_tree(self, inner):
         m = self.method
         if m.name == "pld":
-            return prompt_lookup_tree(inner["context"], inner["context_len"], num_draft_tokens=m.draft_len,
+            return prompt_lookup_tree(inner["context"], inner["context_len"], num_draft_tokens=self.draft_len,
                                       n_min=m.min_ngram, n_max=m.max_ngram)
         return logitspec_tree(inner["context"], inner["context_len"], inner["last_logits"], self.layout,
                               max_ngram=m.max_ngram)
@@ -112,7 +125,32 @@ class RetrievalParts:
                        drafted=jnp.sum(valid, axis=1) - 1)
 
 
+    # ------------------------------------------------------------ adaptive speculation's fallback
+
+    def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        """A plain decoding step: the target reads cur, the token it samples joins the context."""
+        plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
+        logits, verdict = plain.logits_and_step(state, keys, active)
+        inner = state.inner
+        context, context_len = append_tokens(inner["context"], inner["context_len"], verdict.next_token[:, None],
+                                             active.astype(jnp.int32))
+        return verdict.replace(inner=dict(context=context, context_len=context_len, last_logits=logits))
+
+    def pending(self, inner) -> tuple[jax.Array, jax.Array]:
+        """Plain-decoding phases are bounded like the draft model's (`SpeculativeParts.pending`),
+        though nothing needs to be read back: int32 [B, pending_width] zeros, int32 [B] ones."""
+        b = inner["context_len"].shape[0]
+        return jnp.zeros((b, self.pending_width), jnp.int32), jnp.ones((b,), jnp.int32)
+
+    def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
+        return inner
+
+
 def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int,
-                    out_size: int) -> RetrievalParts:
-    return RetrievalParts(method=method, tparams=tparams, tcfg=tcfg, sampling=sampling, prompt_size=prompt_width,
-                          out_size=out_size)
+                    out_size: int, plan=None) -> RetrievalParts:
+    """method: a PLD or LogitSpec object; plan: its `AutoPlan` when draft_len is "auto"."""
+    from ssd_jax.engine.speculative import PENDING_WIDTH
+
+    return RetrievalParts(method=method, draft_len=plan.draft_len if plan is not None else method.draft_len,
+                          tparams=tparams, tcfg=tcfg, sampling=sampling, prompt_size=prompt_width,
+                          out_size=out_size, pending_width=PENDING_WIDTH if plan is not None else 0)

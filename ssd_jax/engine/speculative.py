@@ -83,6 +83,12 @@ class SpeculativeParts:
         return self.num_paths * self.num_draft_tokens + 1
 
     @property
+    def draft_len(self) -> int:
+        return self.num_draft_tokens
+
+    drafts_with_model = True
+
+    @property
     def counter_width(self) -> int:
         return self.num_draft_tokens
 
