@@ -65,11 +65,13 @@ def configs(method: str, lengths: list[int], thresholds: list[float | None],
             tree_sizes: list[int]) -> list[tuple[str, str, dict]]:
     """(label, method, options) for AR, each fixed length, each tree size (LogitSpec, at its
     default length) and each auto threshold (None: a method without one)."""
+    # CSD's length is its cap on the draft tokens verified per step (auto: the default cascade's).
+    length = "max_draft_tokens" if method == "csd" else "num_draft_tokens"
     out = [("ar", "ar", {})]
-    out += [(f"{method} L={n}", method, dict(num_draft_tokens=n)) for n in lengths]
+    out += [(f"{method} L={n}", method, {length: n}) for n in lengths]
     out += [(f"{method} L=5 N={n}", method, dict(num_draft_tokens=5, tree_capacity=n)) for n in tree_sizes]
     for t in thresholds:
-        options = dict(num_draft_tokens="auto") if t is None else dict(num_draft_tokens="auto", threshold=t)
+        options = {length: "auto"} if t is None else {length: "auto", "threshold": t}
         out.append((f"{method} auto" + (f" t={t:g}" if len(thresholds) > 1 else ""), method, options))
     return out
 

@@ -26,9 +26,12 @@ from ssd_jax.errors import InputError
 # The one table of defaults. draft_len "auto": adaptive speculation (`ssd_jax.engine.adaptive`):
 # the cost model picks a length up to max_draft_len per call and falls back to plain decoding
 # inside the loop when speculation does not pay; single-path drafts stop early per row when the
-# draft's top probability falls below threshold. It is opt-in until its cost model measures at
-# least as fast as the fixed L = 5 (issue 17); L = 5 and K = 2 beat the alternatives on CPU
-# (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
+# draft's top probability falls below threshold. It is the default of PLD and LogitSpec, whose
+# fixed trees lose to plain decoding wherever retrieval finds little (T=1: 0.5-0.8x AR, "auto"
+# 0.9-1.1x; T=0: "auto" within 3% of the best fixed length or above it,
+# benchmarks/results/adaptive_pld.json); for the draft-model methods it is opt-in until it
+# measures at least as fast as the fixed L = 5 (issue 17); L = 5 and K = 2 beat the alternatives
+# on CPU (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
 # speculations per step (benchmarks/bench_ssd.py: SSD's build drafts L tokens for every slot).
 AUTO = "auto"
 _ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=0.02)
@@ -39,9 +42,9 @@ DEFAULTS: dict[str, dict] = {
     "specinfer": dict(_ADAPTIVE, paths=2),
     "spectr": dict(_ADAPTIVE, paths=2),
     "gbv": dict(_ADAPTIVE, paths=2),
-    "pld": dict(draft_len=5, min_ngram=1, max_ngram=3, max_draft_len=8),
+    "pld": dict(draft_len=AUTO, min_ngram=1, max_ngram=3, max_draft_len=8),
     # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
-    "logitspec": dict(draft_len=5, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
+    "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
     "ssd": dict(draft_len=4, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),

@@ -300,6 +300,10 @@ def test_command_line_takes_auto():
     assert build_method(args) == ssd_jax.BV(draft_len="auto", max_draft_len=6, threshold=0.05)
     with pytest.raises(argparse.ArgumentTypeError, match="'often'"):
         draft_len_arg("often")
+    args = argparse.Namespace(method="pld", num_draft_tokens="auto", max_draft_len=4)
+    assert build_method(args) == ssd_jax.PLD(draft_len="auto", max_draft_len=4)
+    args = argparse.Namespace(method="csd", max_draft_tokens=draft_len_arg("auto"))
+    assert build_method(args) == ssd_jax.CSD(max_draft_tokens="auto") and build_method(args).adaptive
 
 
 def test_auto_inside_a_users_jit_equals_autoregressive(models):

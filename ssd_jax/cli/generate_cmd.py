@@ -60,8 +60,9 @@ def register(subparsers) -> None:
     cascade.add_argument("--k-matrix", type=parse_k_matrix_arg, default=None, metavar="ROWS",
                          help="rows separated by ';', entries by ',' (e.g. '0,4,1;0,0,2;0,0,0': the target gets 4 "
                               "rounds of draft 1, each reviewing 2 Max-Gram tokens, then 1 Max-Gram token) or JSON")
-    cascade.add_argument("--max-draft-tokens", type=int, default=None,
-                         help="the most cascade draft tokens the target verifies per step (default: all)")
+    cascade.add_argument("--max-draft-tokens", type=draft_len_arg, default=None,
+                         help="the most cascade draft tokens the target verifies per step (default: the "
+                              "cascade's cap), or 'auto' (that cap, and plain decoding while the cascade does not pay)")
     cascade.add_argument("--lenience", type=float, default=None,
                          help="drafters keep a token whose probability is within this factor of their top one "
                               "(>= 1; above 1 at temperature 0 only; default 2 there, else 1)")

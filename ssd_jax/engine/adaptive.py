@@ -310,7 +310,8 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
 
 
 _CALIBRATION = Recent()
-_CALIBRATION_TOKENS = 48
+_CALIBRATION_TOKENS = 32
+_CALIBRATION_REPEATS = 2
 # Loop inputs that make every step speculate / fall back (but for one probe per phase).
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5], np.float32)
@@ -320,7 +321,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     """loop_inputs with the AR and speculative step times measured on the compiled program itself
     (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
     tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
-    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes once per phase); best of 3
+    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes); best of _CALIBRATION_REPEATS
     each. The draft forward's cost is the per-forward measurement scaled like the AR step. Kept
     per program; the prior acceptance stays the plan's."""
     with _COSTS_LOCK:
@@ -333,7 +334,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
                                     jax.device_put(forced, args[-1].sharding))
             jax.block_until_ready(executable(*run_args))           # warm
             best = np.inf
-            for _ in range(3):
+            for _ in range(_CALIBRATION_REPEATS):
                 start = time.perf_counter()
                 out = jax.block_until_ready(executable(*run_args))
                 best = min(best, time.perf_counter() - start)
