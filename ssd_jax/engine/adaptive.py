@@ -310,8 +310,8 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
 
 
 _CALIBRATION = Recent()
-_CALIBRATION_TOKENS = 32
-_CALIBRATION_REPEATS = 2
+_CALIBRATION_TOKENS = 48
+_CALIBRATION_REPEATS = 3
 # Loop inputs that make every step speculate / fall back (but for one probe per phase).
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5], np.float32)
