@@ -230,7 +230,7 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
 
     start = time.perf_counter()
     costs = adaptive.measure_costs(target, adaptive.cost_draft(method, draft), batch.batch_size,
-                                   batch.max_length + max_new_tokens // 2, getattr(method, "max_draft_len", 8))
+                                   batch.max_length + max_new_tokens // 2, adaptive.cost_width(method))
     plan, loop_inputs = adaptive.plan(method, target, draft, sampling, costs)
     return _Auto(plan=plan, loop_inputs=loop_inputs, costs=costs,
                  memory_key=adaptive.acceptance_key(target, draft, method, sampling),

@@ -269,6 +269,14 @@ def acceptance_key(target, draft, method, sampling) -> tuple:
     return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), sampling.greedy)
 
 
+def cost_width(method) -> int:
+    """The max_draft_len `measure_costs` gets (it times verifying that + 1 tokens): the method's,
+    or for CSD, which has none, the draft-model methods' default."""
+    from ssd_jax.methods import DEFAULTS
+
+    return getattr(method, "max_draft_len", DEFAULTS["sd"]["max_draft_len"])
+
+
 def cost_draft(method, draft):
     """The model whose forward `measure_costs` times as the draft cost: the draft of draft-model
     methods; None for retrieval and CSD (their drafting is inside the calibrated step time)."""
@@ -306,7 +314,7 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
     `generate` of the pair, else UNMEASURED; remembered acceptance, else the prior): for traced
     decodes, which cannot measure."""
     return plan(method, target, draft, sampling, cached_costs(target, cost_draft(method, draft), batch, context,
-                                                              getattr(method, "max_draft_len", 8)))
+                                                              cost_width(method)))
 
 
 _CALIBRATION = Recent()

@@ -44,6 +44,19 @@ LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
 MARGIN = 0.9
 MAX_BACKOFF = 8
+# The most tokens a plain phase emits before the draft catches up (and the loop may probe).
+PENDING_WIDTH = 24
+
+
+def pending_width(plan) -> int:
+    """The parts' pending_width: PENDING_WIDTH under adaptive speculation (plan: an AutoPlan), else 0."""
+    return PENDING_WIDTH if plan is not None else 0
+
+
+def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
+    """`pending` for parts whose missed tokens are already in their context (retrieval, CSD):
+    the buffer only bounds the plain phase. int32 [batch, width] zeros, int32 [batch] ones."""
+    return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
 @struct.dataclass

@@ -31,6 +31,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
+from ssd_jax.engine.adaptive_loop import pending_width, unread_count_only
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
@@ -140,10 +141,8 @@ class CascadeParts:
         return verdict.replace(inner=dstate.replace(context=context, length=jnp.where(active, end + 1, dstate.length)))
 
     def pending(self, inner) -> tuple[jax.Array, jax.Array]:
-        """Bounds plain phases like `SpeculativeParts.pending`; the tokens themselves are in the
-        context: int32 [B, pending_width] zeros, int32 [B] ones."""
-        b = inner.length.shape[0]
-        return jnp.zeros((b, self.pending_width), jnp.int32), jnp.ones((b,), jnp.int32)
+        """The missed tokens are in the context: the buffer only bounds plain phases."""
+        return unread_count_only(inner.length.shape[0], self.pending_width)
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         """Every drafter reads the context up to cur (not included), as after a speculative step."""
@@ -167,12 +166,10 @@ def cascade_parts(method, tparams: dict, tcfg: ModelConfig, dparams: tuple, dcfg
     """method: a CSD object (its schedule is built for len(dparams) drafters and the temperature);
     plan: its `AutoPlan` when max_draft_tokens is "auto" (then the parts can fall back to plain
     decoding)."""
-    from ssd_jax.engine.speculative import PENDING_WIDTH
-
     return CascadeParts(schedule=cascade_schedule(method, len(dparams), sampling), lenience=cascade_lenience(method, sampling),
                         max_ngram=method.max_ngram, bigram=bigram, tparams=tparams, tcfg=tcfg, dparams=tuple(dparams),
                         dcfgs=tuple(dcfgs), sampling=sampling, prompt_size=prompt_width, out_size=out_size,
-                        pending_width=PENDING_WIDTH if plan is not None else 0)
+                        pending_width=pending_width(plan))
 
 
 def cascade_schedule(method, num_drafters: int, sampling: SamplingParams) -> CascadeSchedule:

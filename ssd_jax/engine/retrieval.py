@@ -24,6 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
+from ssd_jax.engine.adaptive_loop import pending_width, unread_count_only
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict
@@ -137,10 +138,8 @@ class RetrievalParts:
         return verdict.replace(inner=dict(context=context, context_len=context_len, last_logits=logits))
 
     def pending(self, inner) -> tuple[jax.Array, jax.Array]:
-        """Plain-decoding phases are bounded like the draft model's (`SpeculativeParts.pending`),
-        though nothing needs to be read back: int32 [B, pending_width] zeros, int32 [B] ones."""
-        b = inner["context_len"].shape[0]
-        return jnp.zeros((b, self.pending_width), jnp.int32), jnp.ones((b,), jnp.int32)
+        """The missed tokens are in the context: the buffer only bounds plain phases."""
+        return unread_count_only(inner["context_len"].shape[0], self.pending_width)
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         return inner
@@ -149,8 +148,6 @@ class RetrievalParts:
 def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int,
                     out_size: int, plan=None) -> RetrievalParts:
     """method: a PLD or LogitSpec object; plan: its `AutoPlan` when draft_len is "auto"."""
-    from ssd_jax.engine.speculative import PENDING_WIDTH
-
     return RetrievalParts(method=method, draft_len=plan.draft_len if plan is not None else method.draft_len,
                           tparams=tparams, tcfg=tcfg, sampling=sampling, prompt_size=prompt_width,
-                          out_size=out_size, pending_width=PENDING_WIDTH if plan is not None else 0)
+                          out_size=out_size, pending_width=pending_width(plan))

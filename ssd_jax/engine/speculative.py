@@ -21,6 +21,7 @@ import jax.numpy as jnp
 
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
+from ssd_jax.engine.adaptive_loop import pending_width
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
@@ -194,18 +195,13 @@ class SpeculativeParts:
         return dict(dcache=dcache, chunk=chunk, chunk_len=jnp.ones_like(inner["chunk_len"]))
 
 
-# The most tokens plain-decoding steps emit before the draft catches up (and the loop probes
-# whether speculation pays again).
-PENDING_WIDTH = 24
-
-
 def speculative_parts(method, tparams: dict, tcfg: ModelConfig, dparams: dict, dcfg: ModelConfig,
                       sampling: SamplingParams, prompt_width: int, out_size: int, plan=None) -> SpeculativeParts:
     """method: an SD, BV, SpecInfer, SpecTr or GBV object; plan: its `AutoPlan` when draft_len
     is "auto" (then the parts can fall back to plain decoding, `ssd_jax.engine.adaptive_loop`)."""
     K = method.paths
     L = plan.draft_len if plan is not None else method.draft_len
-    pending = PENDING_WIDTH if plan is not None else 0
+    pending = pending_width(plan)
     return SpeculativeParts(method=method.name, num_draft_tokens=L, num_paths=K, tparams=tparams, tcfg=tcfg,
                             dparams=dparams, dcfg=dcfg, sampling=sampling,
                             capacity=prompt_width + out_size + 2 * K * L + 4 + pending,
