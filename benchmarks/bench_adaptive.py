@@ -14,7 +14,7 @@ Prompt sets (the embedded pair's tokenizer):
             repeating it, and the draft guesses that perfectly)
 
 Writes benchmarks/results/adaptive.json and adaptive.png (speedup over AR per configuration).
-    python benchmarks/bench_adaptive.py [--method sd|bv|gbv|pld|logitspec|...] [--sets code,short]
+    python benchmarks/bench_adaptive.py [--method sd|bv|gbv|pld|logitspec|csd|ssd|...] [--sets code,short]
         [--batch 1,8] [--temperatures 0,1] [--lengths 1,...,8] [--tree-sizes 8,16,32,64]
 """
 

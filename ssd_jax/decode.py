@@ -93,7 +93,7 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
         schedule = cascade_schedule(method, len(split_cascade(draft)[0]), sampling)
         return schedule.width + schedule.max_pending + 1
     if name == "ssd":
-        return 2 * method.draft_len + 2
+        return 2 * method.max_len + 2
     return method.max_len
 
 

@@ -207,7 +207,8 @@ class _Auto:
         that the per-forward measurement misses (sampling, verification, bookkeeping)."""
         from ssd_jax.engine.adaptive import calibrated_inputs
 
-        inputs = calibrated_inputs(executable, args, program_key, self.costs, self.loop_inputs)
+        inputs = calibrated_inputs(executable, args, program_key, self.costs, self.loop_inputs,
+                                   takes_cap=self.plan.threshold is not None)
         self.loop_inputs = inputs
         costs = args[-1]
         return jax.device_put(inputs, costs.sharding)
@@ -239,9 +240,24 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
 
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,
                   key, stream) -> GenerateOutput:
+    from ssd_jax.engine import adaptive
     from ssd_jax.engine.ssd import generate_ssd
 
-    return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, **ssd_engine_options(method))
+    options = ssd_engine_options(method)
+    if not method.adaptive:
+        return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, **options)
+    # "auto": L from the cost model (the draft-model methods' one) and the remembered acceptance.
+    start = time.perf_counter()
+    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
+                                   method.max_draft_len)
+    memory = adaptive.acceptance_key(target, draft, method, sampling)
+    options["num_draft_tokens"] = adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory), method.max_draft_len)
+    measure_s = time.perf_counter() - start
+    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True, **options)
+    observed = adaptive.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
+    adaptive.ACCEPTANCE.update(memory, observed)
+    out.stats.update(observed_acceptance=observed, cost_measure_time_s=out.stats["cost_measure_time_s"] + measure_s)
+    return out
 
 
 def ssd_engine_options(method: SSD) -> dict:

@@ -25,8 +25,11 @@ from ssd_jax.errors import InputError
 
 # The one table of defaults. draft_len "auto": adaptive speculation (`ssd_jax.engine.adaptive`):
 # the cost model picks a length up to max_draft_len per call and falls back to plain decoding
-# inside the loop when speculation does not pay; single-path drafts stop early per row when the
-# draft's top probability falls below threshold. It is the default of PLD and LogitSpec, whose
+# inside the loop when speculation does not pay; single-path drafts are capped per step at the
+# length that pays best, and stop early per row when the draft's top probability falls below
+# threshold (None: GREEDY_THRESHOLD at temperature 0 and no early stop at T > 0, where a flat
+# draft law says little about acceptance: with 0.02, SD capped at 4 tokens needed 191 target
+# calls for 512 tokens of the repetition set at T = 1, without it 163, as many as fixed L = 4). It is the default of PLD and LogitSpec, whose
 # fixed trees lose to plain decoding wherever retrieval finds little (T=1: 0.5-0.8x AR, "auto"
 # 0.9-1.1x; T=0: "auto" within 3% of the best fixed length or above it,
 # benchmarks/results/adaptive_pld.json); for the draft-model methods it is opt-in until it
@@ -34,7 +37,8 @@ from ssd_jax.errors import InputError
 # on CPU (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
 # speculations per step (benchmarks/bench_ssd.py: SSD's build drafts L tokens for every slot).
 AUTO = "auto"
-_ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=0.02)
+_ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=None)
+GREEDY_THRESHOLD = 0.02
 DEFAULTS: dict[str, dict] = {
     "ar": {},
     "sd": dict(_ADAPTIVE),
@@ -46,7 +50,7 @@ DEFAULTS: dict[str, dict] = {
     # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
-    "ssd": dict(draft_len=4, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
+    "ssd": dict(draft_len=4, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
 }
 # `generate` and `decode` default to AR (no draft needed); the `ssd-jax` command loads the
@@ -171,7 +175,7 @@ class AR(Method):
 
 
 _ADAPTIVE_RULES = dict(draft_len=draft_length, max_draft_len=positive_int,
-                       threshold=_number_in(0.0, 1.0, closed=False))
+                       threshold=_optional(_number_in(0.0, 1.0, closed=False)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,7 +197,14 @@ class _AutoLength(Method):
 @dataclasses.dataclass(frozen=True)
 class _Adaptive(_AutoLength):
     """A draft-model method with adaptive speculation; threshold in (0, 1): a single-path draft
-    stops early when its top probability for the next token falls below it ("auto" only)."""
+    stops early when its top probability for the next token falls below it ("auto" only);
+    None: GREEDY_THRESHOLD at temperature 0, no early stop at T > 0 (`early_stop`)."""
+
+    def early_stop(self, greedy: bool) -> float:
+        """The early-stop threshold a single-path "auto" draft uses (0.0: never stops early)."""
+        if self.threshold is not None:
+            return self.threshold
+        return GREEDY_THRESHOLD if greedy else 0.0
 
     @property
     def drafts_with_model(self) -> bool:
@@ -204,7 +215,7 @@ class _Adaptive(_AutoLength):
 class _SinglePath(_Adaptive):
     draft_len: int | str = 5
     max_draft_len: int = 8
-    threshold: float = 0.02
+    threshold: float | None = None
     RULES: ClassVar[dict] = _ADAPTIVE_RULES
 
     @property
@@ -219,7 +230,7 @@ class SD(_SinglePath):
     name: ClassVar[str] = "sd"
     draft_len: int | str = _d("sd", "draft_len")
     max_draft_len: int = _d("sd", "max_draft_len")
-    threshold: float = _d("sd", "threshold")
+    threshold: float | None = _d("sd", "threshold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +240,7 @@ class BV(_SinglePath):
     name: ClassVar[str] = "bv"
     draft_len: int | str = _d("bv", "draft_len")
     max_draft_len: int = _d("bv", "max_draft_len")
-    threshold: float = _d("bv", "threshold")
+    threshold: float | None = _d("bv", "threshold")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,7 +251,7 @@ class _MultiPath(_Adaptive):
     draft_len: int | str = 5
     paths: int = 2
     max_draft_len: int = 8
-    threshold: float = 0.02
+    threshold: float | None = None
     RULES: ClassVar[dict] = dict(_ADAPTIVE_RULES, paths=positive_int)
 
 
@@ -251,7 +262,7 @@ class SpecInfer(_MultiPath):
     name: ClassVar[str] = "specinfer"
     draft_len: int | str = _d("specinfer", "draft_len")
     max_draft_len: int = _d("specinfer", "max_draft_len")
-    threshold: float = _d("specinfer", "threshold")
+    threshold: float | None = _d("specinfer", "threshold")
     paths: int = _d("specinfer", "paths")
 
 
@@ -262,7 +273,7 @@ class SpecTr(_MultiPath):
     name: ClassVar[str] = "spectr"
     draft_len: int | str = _d("spectr", "draft_len")
     max_draft_len: int = _d("spectr", "max_draft_len")
-    threshold: float = _d("spectr", "threshold")
+    threshold: float | None = _d("spectr", "threshold")
     paths: int = _d("spectr", "paths")
 
 
@@ -273,7 +284,7 @@ class GBV(_MultiPath):
     name: ClassVar[str] = "gbv"
     draft_len: int | str = _d("gbv", "draft_len")
     max_draft_len: int = _d("gbv", "max_draft_len")
-    threshold: float = _d("gbv", "threshold")
+    threshold: float | None = _d("gbv", "threshold")
     paths: int = _d("gbv", "paths")
 
 
@@ -352,13 +363,16 @@ class CSD(Method):
 
 
 @dataclasses.dataclass(frozen=True)
-class SSD(Method):
+class SSD(_AutoLength):
     """Speculative speculative decoding (Saguaro), host-driven across two device groups: only
     `generate` runs it. fanout_acceptance / fanout_exponent: Saguaro's a and r (None: estimated
-    online); target_devices / draft_devices: None = the visible devices split in two."""
+    online); target_devices / draft_devices: None = the visible devices split in two.
+    draft_len "auto": L chosen per call by the cost model (at most max_draft_len), and the call
+    finishes by plain decoding once SSD measures slower than it (`ssd_jax.engine.ssd_auto`)."""
 
     name: ClassVar[str] = "ssd"
-    draft_len: int = _d("ssd", "draft_len")
+    draft_len: int | str = _d("ssd", "draft_len")
+    max_draft_len: int = _d("ssd", "max_draft_len")
     fanout_budget: int = _d("ssd", "fanout_budget")
     fanout: str = _d("ssd", "fanout")
     saguaro_c: float = _d("ssd", "saguaro_c")
@@ -368,7 +382,7 @@ class SSD(Method):
     target_devices: tuple | None = _d("ssd", "target_devices")
     draft_devices: tuple | None = _d("ssd", "draft_devices")
     RULES: ClassVar[dict] = dict(
-        draft_len=positive_int, fanout_budget=positive_int, fanout=_choice(FANOUTS),
+        draft_len=draft_length, max_draft_len=positive_int, fanout_budget=positive_int, fanout=_choice(FANOUTS),
         saguaro_c=_number_in(0.0, 1.0, closed=True), fallback=_choice(FALLBACKS),
         fanout_acceptance=_optional(_number_in(0.0, 1.0, closed=False)),
         fanout_exponent=_optional(_number_in(0.0, math.inf, closed=False)),

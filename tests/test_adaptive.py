@@ -159,8 +159,8 @@ def test_retrieval_auto_greedy_equals_autoregressive(models, method):
 
 
 # Costs that make every step after the first speculative one fall back to plain decoding, and
-# costs that always pay: (AR step, speculative step, draft forward, prior acceptance).
-FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5], np.float32)
+# costs that always pay: (AR step, speculative step, draft forward, prior acceptance, forced cap).
+FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5, 0.0], np.float32)
 ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
 
 
@@ -170,7 +170,7 @@ def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draf
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
     single = getattr(method, "paths", None) == 1
-    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.threshold if single else None)
+    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None)
     fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
         t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
         eos_ids=tuple(target.config.eos_token_ids or ()), out_size=max_new,
@@ -217,24 +217,27 @@ def tiny_models():
     return law_pair(VOCAB)
 
 
-@pytest.mark.parametrize("method, costs", [
-    (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE),
-    (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK),
-    (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK),
-    (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK),
-    (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK),
-    (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK),
-], ids=["sd-early-stop", "bv-early-stop-then-plain", "gbv-then-plain", "pld-then-plain", "logitspec-then-plain",
-        "csd-then-plain"])
-def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
-    """T=1: draft lengths that depend on the draft's confidence (per row) and on the running
-    acceptance (the fall back to plain decoding) keep the target's law over 3 tokens."""
+@pytest.mark.parametrize("method, costs, draft_len", [
+    (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE, 2),
+    (ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4),
+    (ssd_jax.SD(draft_len="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 4),
+    (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
+    (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK, 2),
+    (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
+    (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
+], ids=["sd-early-stop", "sd-early-stop-two-widths", "sd-chosen-caps", "bv-early-stop-then-plain",
+        "gbv-then-plain", "pld-then-plain", "logitspec-then-plain", "csd-then-plain"])
+def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len):
+    """T=1: draft lengths that depend on the draft's confidence (per row), on the running
+    acceptance (each step's cap, the fall back to plain decoding) and the verification width
+    picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens."""
     target, draft = tiny_models
     draft = draft if method.drafts_with_model else None
     sampling = SamplingParams(temperature=1.0)
     prompt = [0, 2, 1, 0, 2]
     keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
-    out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW)
+    out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW, draft_len=draft_len)
     counts = np.zeros((VOCAB,) * NEW)
     for row in np.asarray(out.tokens):
         counts[tuple(row)] += 1
@@ -242,8 +245,8 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs):
     sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
     assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
     counters = jax.device_get(out.counters["spec"])
-    if getattr(method, "paths", None) == 1:   # the early stop happened: some rows proposed fewer than 2 tokens
-        assert counters.num_drafted.sum() < 2 * counters.num_drafts.sum()
+    if getattr(method, "paths", None) == 1:   # the early stop or a cap happened: some rows proposed fewer tokens
+        assert counters.num_drafted.sum() < draft_len * counters.num_drafts.sum()
     if not isinstance(method, (ssd_jax.SD, ssd_jax.BV, ssd_jax.GBV)):   # the probe's draft was used
         assert counters.num_accepted.sum() > 0
 
@@ -276,6 +279,58 @@ def test_a_random_draft_falls_back_to_plain_decoding(models):
 
 
 # ------------------------------------------------------------------------------ the cost model
+
+
+def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models):
+    target, draft = models
+    prompts = [[3, 4, 5, 6], [9, 2]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=30)
+    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto", threshold=1e-6), adaptive.force_cap(2),
+                  SamplingParams(), row_keys(None, 2), 30, draft_len=6)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    assert counters.ar_steps.sum() == 0 and np.all(counters.num_drafted == 2 * counters.num_drafts)
+
+
+def test_tokens_per_step_model_matches_enumeration():
+    """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
+    out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""
+    from ssd_jax.engine.adaptive_loop import expected_tokens_by_cap, tokens_mean_and_spread
+
+    alpha = np.asarray([0.9, 0.6, 0.5, 0.2], np.float32)
+    reached = np.asarray([4.0, 3.0, 2.0, 1.0], np.float32) * 1e5   # enough evidence that pooling is negligible
+    accepted = alpha * reached
+    survive = np.cumprod(alpha)
+    for cap in range(1, 5):
+        tail = np.append(survive[:cap], 0.0)
+        law = np.append(1 - survive[0], -np.diff(tail))   # P(T = 1), ..., P(T = cap + 1)
+        t = np.arange(1, cap + 2)
+        mean, sd = tokens_mean_and_spread(reached, accepted, 0.5, cap)
+        assert float(mean) == pytest.approx(np.sum(t * law), rel=1e-5)
+        assert float(sd) == pytest.approx(np.sqrt(np.sum(t * t * law) - np.sum(t * law) ** 2), rel=1e-4)
+        assert float(expected_tokens_by_cap(reached, accepted, 0.5)[cap - 1]) == pytest.approx(float(mean), rel=1e-5)
+    # No evidence at all: the prior acceptance; at one position only: the pooled acceptance.
+    assert float(expected_tokens_by_cap(np.zeros(2, np.float32), np.zeros(2, np.float32), 0.5)[1]) == \
+        pytest.approx(1.75)
+    e = expected_tokens_by_cap(np.asarray([1e5, 0.0], np.float32), np.asarray([8e4, 0.0], np.float32), 0.5)
+    assert float(e[1] - e[0]) == pytest.approx(0.8 * 0.8, rel=1e-3)
+
+
+def test_verification_widths_follow_the_cap():
+    from ssd_jax.engine.speculative import SpeculativeParts
+
+    def caps(L, threshold):
+        return SpeculativeParts(method="sd", num_draft_tokens=L, num_paths=1, tparams={}, tcfg=None, dparams={},
+                                dcfg=None, sampling=SamplingParams(), capacity=64, threshold=threshold).verify_caps
+
+    assert caps(8, 0.02) == (2, 4, 8) and caps(5, 0.0) == (2, 4, 5) and caps(2, 0.02) == (2,)
+    assert caps(8, None) == (8,)   # fixed lengths: one width
+
+
+def test_early_stop_defaults_to_greedy_only():
+    assert ssd_jax.SD(draft_len="auto").early_stop(True) == ssd_jax.methods.GREEDY_THRESHOLD
+    assert ssd_jax.SD(draft_len="auto").early_stop(False) == 0.0
+    assert ssd_jax.BV(draft_len="auto", threshold=0.3).early_stop(False) == 0.3
 
 
 def test_cost_model_choices():

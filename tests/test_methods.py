@@ -14,7 +14,7 @@ GOOD_COUNTS = [1, 7, np.int64(4), np.int32(2)]
 # Adaptive methods: draft_len may be "auto"; max_draft_len (and for draft models threshold) go with it.
 ADAPTIVE = dict(draft_len=(GOOD_COUNTS + ["auto"], BAD_COUNTS + ["automatic", "AUTO"]),
                 max_draft_len=(GOOD_COUNTS, BAD_COUNTS),
-                threshold=([0.02, 0.5, np.float32(0.9)], [0, 1, 1.5, -0.1, True, "0.5", None, float("nan")]))
+                threshold=([None, 0.02, 0.5, np.float32(0.9)], [0, 1, 1.5, -0.1, True, "0.5", float("nan")]))
 # method class -> field -> (good values, bad values); every field of every class appears.
 TABLE = {
     ssd_jax.AR: {},
@@ -33,7 +33,8 @@ TABLE = {
                       lenience=([None, 1, 2.5, np.float32(3.0)], [0.5, 0, True, "2", float("inf"), float("nan")]),
                       max_ngram=(GOOD_COUNTS, BAD_COUNTS),
                       max_draft_tokens=([None] + GOOD_COUNTS, BAD_COUNTS[:-1])),
-    ssd_jax.SSD: dict(draft_len=(GOOD_COUNTS, BAD_COUNTS), fanout_budget=(GOOD_COUNTS, BAD_COUNTS),
+    ssd_jax.SSD: dict(draft_len=ADAPTIVE["draft_len"], max_draft_len=ADAPTIVE["max_draft_len"],
+                      fanout_budget=(GOOD_COUNTS, BAD_COUNTS),
                       fanout=(["geometric", "uniform"], ["tree", 1, None]),
                       saguaro_c=([0, 0.3, 1.0, np.float64(0.5)], [-0.1, 1.5, True, "1", None, float("nan")]),
                       fallback=(["jit", "ngram", "auto"], ["model", 0, None]),

@@ -29,7 +29,7 @@ from method_options import make
 from ssd_jax import verify
 from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, uniform_fanout
 from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
-from ssd_jax.engine import ssd_steps
+from ssd_jax.engine import ssd_auto, ssd_steps
 from ssd_jax.engine.autoregressive import prefill
 from ssd_jax.errors import InputError
 from ssd_jax.models.transformer import forward_full
@@ -132,6 +132,48 @@ def test_eos_and_streaming(models, prompts):
     out = ssd_jax.generate(with_eos, prompts, max_new_tokens=40, method="ssd", draft=draft, stream=sink)
     assert out.tokens == reference.tokens and out.finish_reasons == reference.finish_reasons
     assert got == out.tokens
+
+
+# ---------------------------------------------------------------------------------- draft_len="auto"
+
+SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.steps >= 1,
+            "measured": ssd_auto.PlainSwitch.slower_than_plain}
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
+def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, reference, monkeypatch, switch):
+    """draft_len="auto": SSD steps, then (if the switch says SSD is slower) plain decoding chunks
+    to the end: the AR tokens, streamed as they come."""
+    target, draft = models
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES[switch])
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def sink(tokens, counts):
+        for row in range(len(prompts)):
+            got[row].extend(int(t) for t in tokens[row, : counts[row]])
+
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft, stream=sink)
+    assert out.tokens == reference.tokens and got == out.tokens
+    assert out.stats["adaptive"] and 1 <= out.stats["planned_draft_len"] <= 4 and out.stats["plain_step_s"] > 0
+    if switch == "never":
+        assert out.stats["switched_to_plain_at_step"] is None and out.stats["ar_fallback_share"] == 0
+    if switch == "after-one-step":
+        assert out.stats["switched_to_plain_at_step"] == 1 and out.stats["ssd_steps"] == 1
+        assert out.stats["ar_fallback_share"] > 0.5
+
+
+def test_auto_switch_rule():
+    switch = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    for _ in range(ssd_auto.MIN_STEPS - 1):
+        switch.record(seconds=5.0, tokens_per_row=1.0)
+    assert not switch.slower_than_plain()        # too few steps to judge
+    switch.record(seconds=5.0, tokens_per_row=1.0)
+    assert switch.slower_than_plain()
+    fast = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    for _ in range(10):
+        fast.record(seconds=2.0, tokens_per_row=3.0)
+    assert not fast.slower_than_plain()
 
 
 # ---------------------------------------------------------------------------------- fan-out
@@ -306,6 +348,18 @@ def test_sampled_law_equals_target_law(tiny_models, options):
     assert _consistent(freq, _exact_law(target, prompt, sampling))
 
 
+def test_sampled_law_with_the_switch_to_plain_decoding(tiny_models, monkeypatch):
+    """draft_len="auto" with the switch after the first SSD step: the rest comes from plain
+    decoding chunks, and the law over 3 tokens is still the target's."""
+    target, draft = tiny_models
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1]
+    freq, stats = _empirical(target, draft, prompt, sampling, dict(num_draft_tokens="auto", max_draft_len=2))
+    assert stats["switched_to_plain_at_step"] == 1 and stats["ar_fallback_share"] > 0
+    assert _consistent(freq, _exact_law(target, prompt, sampling))
+
+
 def test_sampled_law_with_top_k(tiny_models):
     target, draft = tiny_models
     sampling = SamplingParams(temperature=0.7, top_k=3)
@@ -328,7 +382,9 @@ def test_sampling_law_check_has_power(tiny_models, monkeypatch):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(), "need a draft model"),
-    (dict(num_draft_tokens=0), "draft_len must be an integer >= 1, got 0"),
+    (dict(num_draft_tokens=0), "draft_len must be an integer >= 1 or 'auto' \\(adaptive\\), got 0"),
+    (dict(num_draft_tokens="automatic"), "draft_len must be an integer >= 1 or 'auto'.*got 'automatic'"),
+    (dict(num_draft_tokens="auto", max_draft_len=-2), "max_draft_len must be an integer >= 1, got -2"),
     (dict(fanout_budget=0), "fanout_budget must be an integer >= 1, got 0"),
     (dict(fanout="tree"), "fanout must be one of 'geometric', 'uniform', got 'tree'"),
     (dict(saguaro_c=1.5), r"saguaro_c must be a number in \[0, 1\].*got 1.5"),

@@ -86,6 +86,7 @@ def draft_path_until_unsure(
     threshold: float,
     sampling: SamplingParams,
     target_vocab: int,
+    limit: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, KVCache]:
     """Drafts one path per row, each row stopping when the draft's top probability for its next
     token falls below threshold (or at max_draft_tokens L): a `lax.while_loop` that ends when
@@ -93,7 +94,9 @@ def draft_path_until_unsure(
 
     A row decides whether to draft token i+1 from the draft's law after its first i tokens, before
     sampling it, so the length is a stopping time of the draft's own process: token-wise and block
-    verification of the proposed tokens stay exact (tests/test_adaptive.py). The confidence is
+    verification of the proposed tokens stay exact (tests/test_adaptive.py). limit: int32 [] in
+    1..L, a cap on every row's length decided before this step (adaptive speculation's choice
+    from past steps; None: L). The confidence is
     the top of the processed law q at temperature > 0 and of softmax(logits) at temperature 0.
 
     cache: draft cache of batch B; chunk int32 [B, C] with chunk_len [B] valid (see
@@ -127,9 +130,11 @@ def draft_path_until_unsure(
         qs = jax.lax.dynamic_update_slice(qs, q[:, None], (0, i, 0))
         return i + 1, cache, tokens, qs, going, lengths + going.astype(jnp.int32)
 
+    end = L if limit is None else jnp.clip(limit, 1, L)
+
     def more(carry):
         i, going = carry[0], carry[4]
-        return (i < L) & jnp.any(going)
+        return (i < end) & jnp.any(going)
 
     i, cache, tokens, qs, _, lengths = jax.lax.while_loop(
         more, body, (jnp.ones((), jnp.int32), cache, tokens, qs, going, going.astype(jnp.int32)))

@@ -2,7 +2,7 @@
 the draft length they imply.
 
     E(L)  = (1 - a^(L+1)) / (1 - a)         expected tokens per step (acceptance a per position)
-    T(L)  = target(L + 1) + L draft         seconds per step (the draft's catch-up forward and
+    T(L)  = target(K L + 1) + L draft       seconds per step (the draft's catch-up forward and
                                             L - 1 forwards for the path)
     speedup(L) = E(L) target(1) / T(L)      over plain decoding; L* = argmax over 1..max_draft_len
 
@@ -10,12 +10,15 @@ the draft length they imply.
 forwards per width (no host dispatch inside it, like the decode loop), once per model pair,
 batch, context bucket and backend, kept for the process. The acceptance `a` comes from the loop's
 own counters (`acceptance_of`) and is remembered per (pair, method, temperature) in
-`ACCEPTANCE` for the next call; before any call it is `PRIOR_ACCEPTANCE`.
+`ACCEPTANCE` for the next call; before any call it is `PRIOR_ACCEPTANCE`. L* is the static
+length of the multi-path methods and SSD; single-path SD and BV compile max_draft_len and the
+loop caps each step (`ssd_jax.engine.adaptive_loop`).
 
-Inside the loop (`ssd_jax.engine.adaptive_loop`) the same costs decide, from running averages of
-the tokens each speculative step emitted and the draft forwards it ran, whether speculation still
-pays or the loop falls back to plain decoding. Exactness never depends on any of this: a step's
-length uses only what is known before its verification.
+`calibrated_inputs` measures the loop's own step costs on its compiled program (forced runs):
+the AR step, the speculative step without draft forwards, and one draft forward inside the loop.
+With them and running per-position acceptance the loop chooses each step's cap and whether
+speculation pays or it falls back to plain decoding. Exactness never depends on any of this: a
+step's length uses only what is known before its verification.
 """
 
 from __future__ import annotations
@@ -253,9 +256,10 @@ class AutoPlan:
 
 
 def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int) -> np.ndarray:
-    """The loop's traced cost inputs, float32 [4]: `StepCosts.loop_array` and the acceptance its
-    running estimate starts from."""
-    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance], np.float32)])
+    """The loop's traced cost inputs, float32 [5] (`ssd_jax.engine.adaptive_loop`):
+    `StepCosts.loop_array`, the acceptance its running estimates start from, and 0 (no forced
+    cap: the loop chooses each step's)."""
+    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance, 0.0], np.float32)])
 
 
 def _drafters(draft) -> tuple:
@@ -284,8 +288,10 @@ def cost_draft(method, draft):
 
 
 def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, np.ndarray]:
-    """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs. Draft-model
-    methods: L* of the cost model, single paths with the early stop. PLD: L* with a free draft.
+    """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs. Single-path
+    draft-model methods: max_draft_len with the early stop (the loop caps each step's length at
+    the one that pays best, from its own per-position acceptance); multi-path: L* of the cost
+    model (their tree is static). PLD: L* with a free draft.
     CSD: its cascade's cap (the fall back to plain decoding is what "auto" adds).
     LogitSpec: its tree's width does not depend on the root branch, so the branch is as long as
     allowed (max_draft_len, leaving the next-next guesses at least one node)."""
@@ -299,13 +305,15 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
         draft_len = cascade_schedule(method, max(len(_drafters(draft)), 1), sampling).target_width
     elif method.name == "logitspec":
         draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
+    elif cost_draft(method, draft) is not None and paths == 1:
+        draft_len = method.max_draft_len
     else:
         draft_len = choose_draft_len(costs, acceptance, method.max_draft_len, paths)
     if method.name in ("pld", "logitspec"):
         width = retrieval_layout(method, draft_len).num_nodes
     else:
         width = paths * draft_len + 1
-    threshold = method.threshold if cost_draft(method, draft) is not None and paths == 1 else None
+    threshold = method.early_stop(sampling.greedy) if cost_draft(method, draft) is not None and paths == 1 else None
     return AutoPlan(draft_len=draft_len, threshold=threshold), loop_inputs(costs, acceptance, width)
 
 
@@ -320,18 +328,29 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
 _CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
 _CALIBRATION_REPEATS = 3
-# Loop inputs that make every step speculate / fall back (but for one probe per phase).
-FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5], np.float32)
-FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5], np.float32)
+# Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
+# probe per phase); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
+FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
+FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
 
 
-def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray) -> np.ndarray:
+def force_cap(cap: int) -> np.ndarray:
+    """Loop inputs that make every step speculate with its draft capped at `cap` tokens."""
+    forced = FORCE_SPECULATION.copy()
+    forced[4] = cap
+    return forced
+
+
+def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
+                      takes_cap: bool = False) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself
     (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
     tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
     FORCE_SPECULATION and one with FORCE_PLAIN (which still probes); best of _CALIBRATION_REPEATS
-    each. The draft forward's cost is the per-forward measurement scaled like the AR step. Kept
-    per program; the prior acceptance stays the plan's."""
+    each. takes_cap (a loop that caps each step's draft): one more run capped at one token, so
+    the step time without draft forwards and one draft forward's in-loop time are both measured
+    (the slope between the two caps); otherwise the draft forward's cost is the per-forward
+    measurement scaled like the AR step. Kept per program; the prior acceptance stays the plan's."""
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
     if calibration is None:
@@ -359,8 +378,12 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         t_ar = max(p_sec - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
         c_draft = costs.draft * t_ar / costs.target(1)
         forwards = max(s_len - 1.0, 0.0)
+        if takes_cap and forwards >= 0.5:
+            o_sec, o_steps, _, _ = timed(force_cap(1), tokens)
+            t_one = max(o_sec - setup, 1e-9) / max(o_steps, 1)
+            c_draft = max(t_spec - t_one, 0.0) / forwards
         calibration = (t_ar, max(t_spec - forwards * c_draft, 1e-9), c_draft)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
     t_ar, t_spec_fixed, c_draft = calibration
-    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3]], np.float32)
+    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3], 0.0], np.float32)

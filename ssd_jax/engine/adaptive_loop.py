@@ -2,29 +2,40 @@
 while they do not, all inside one jitted program (no host round trip).
 
     while some row runs:
-        speculative steps while they pay (at least one, a probe, unless backing off)
+        speculative steps while they pay (at least one, a probe, unless backing off), each
+            drafting up to the length that pays best
         plain decoding steps while speculation does not pay, the draft falling behind by at
             most `pending_width` tokens
         the draft reads the tokens it missed (one forward)
 
-"Pays": with decayed sums of the draft tokens accepted per running row (A) and of speculative
-steps (S), E = 1 + A / S the tokens a step emits; with a running average of the draft forwards a
-step ran (F); and the measured costs c = (AR step, speculative step without its draft forwards,
-one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`):
+The loop keeps, per draft position k, decayed sums of how often a step's draft reached k (R_k)
+and had its k-th token accepted (A_k), averaged over running rows; alpha_k = A_k / R_k is the
+acceptance at k given k was reached, and a draft capped at l tokens emits
 
-    E * c_ar >= MARGIN * (c_spec + F * c_draft)
+    E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step.
 
-A and S are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
+With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
+one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`), rho the running share of the cap's
+draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
+c_spec + rho (l - 1) c_draft, and
+
+    cap = argmax_l E(l) c_ar / (c_spec + rho (l - 1) c_draft)       (parts with `takes_cap`;
+                                                                     else their static L)
+    pays:  E(cap) c_ar >= MARGIN (c_spec + rho (cap - 1) c_draft)
+
+The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
 during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
 once the short memory is back near the long one (at once where speculation pays on average,
 after up to `pending_width` - 1 tokens where it does not). A probe (one speculative step) that
 does not pay doubles the number of plain phases before the next probe, up to MAX_BACKOFF, so
 text where speculation never pays costs few probes. Both memories start from PRIOR_STEPS steps
-at the plan's acceptance (E(L) of the geometric model). MARGIN < 1 leans towards speculating: a
-wrong fall back costs plain steps, a wrong speculative step only itself.
+at the plan's acceptance. Positions a cap never reaches keep their last estimate (decay scales
+A_k and R_k alike), so a longer cap is tried again once its estimate says it would pay.
+MARGIN < 1 leans towards speculating: a wrong fall back costs plain steps, a wrong speculative
+step only itself.
 
-The choice uses only past steps and the costs, never the current step's target probabilities,
-so the output law is the target's whatever it decides.
+The choices use only past steps and the costs, never the current step's target probabilities,
+so the output law is the target's whatever they decide.
 """
 
 from __future__ import annotations
@@ -43,6 +54,8 @@ DECAY = 0.9
 LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
 MARGIN = 0.9
+Z = 1.0
+POOLING = 8.0
 MAX_BACKOFF = 8
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
@@ -59,21 +72,30 @@ def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
     return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
+# Cost inputs, float32 [5]: AR step, speculative step without draft forwards, one draft forward,
+# the prior acceptance, and a forced cap (0: the loop chooses; > 0: every step speculates with
+# that cap, for calibration).
+NUM_COST_INPUTS = 5
+
+
 @struct.dataclass
 class AdaptiveState:
-    """decode: the skeleton's DecodeState; accepted, steps float32 []: decayed sums of accepted
-    tokens per running row and of speculative steps; long_accepted, long_steps: the same with the
-    long memory; forwards_per_step float32 []: running average over speculative steps;
-    spec_steps int32 []: speculative steps of the current phase; wait int32 []: phases left
-    before the next probe; backoff int32 []: phases between probes after the last failed one;
-    pending int32 [B, P], pending_len int32 [B]: tokens the draft has not read (ending with cur)."""
+    """decode: the skeleton's DecodeState; reached, accepted float32 [L]: decayed sums over
+    speculative steps of the share of running rows whose draft reached position k / had its k-th
+    token accepted; long_reached, long_accepted: the same with the long memory, over long_steps
+    float32 [] steps; forward_share float32 []: running average of the draft forwards a step ran
+    over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
+    int32 []: phases left before the next probe; backoff int32 []: phases between probes after
+    the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
+    read (ending with cur)."""
 
     decode: DecodeState
+    reached: jax.Array
     accepted: jax.Array
-    steps: jax.Array
+    long_reached: jax.Array
     long_accepted: jax.Array
     long_steps: jax.Array
-    forwards_per_step: jax.Array
+    forward_share: jax.Array
     spec_steps: jax.Array
     wait: jax.Array
     backoff: jax.Array
@@ -81,50 +103,121 @@ class AdaptiveState:
     pending_len: jax.Array
 
 
+def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
+    """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [L], from
+    the per-position sums, each shrunk towards the acceptance pooled over all positions by
+    POOLING steps' worth (no evidence at all: the prior acceptance). Without the pull, a position
+    whose estimate fell low by chance is no longer drafted, so never corrected: the caps would
+    drift short."""
+    tiny = 1e-6
+    pooled = (jnp.sum(accepted) + tiny * prior) / (jnp.sum(reached) + tiny)
+    alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
+    return jnp.cumprod(alpha)
+
+
+def expected_tokens_by_cap(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
+    """E(l) for l = 1..L, float32 [L]."""
+    return 1 + jnp.cumsum(reach_probabilities(reached, accepted, prior))
+
+
+def tokens_mean_and_spread(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
+                           cap: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(E, sd) of the tokens a step capped at `cap` emits, under the per-position model:
+    E = 1 + sum_k P_k, E[T^2] = 1 + sum_k (2k + 1) P_k over k <= cap."""
+    k = jnp.arange(1, reached.shape[0] + 1, dtype=jnp.float32)
+    p = jnp.where(k <= cap, reach_probabilities(reached, accepted, prior), 0.0)
+    mean = 1 + jnp.sum(p)
+    second = 1 + jnp.sum((2 * k + 1) * p)
+    return mean, jnp.sqrt(jnp.maximum(second - mean * mean, 0.0))
+
+
+def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
+    """This step's share of running rows whose draft reached each position 1..L and whose token
+    there was accepted, float32 [L] each (a row reaches k when it proposed k tokens and the first
+    k - 1 were accepted)."""
+    k = jnp.arange(1, draft_len + 1, dtype=jnp.int32)[None, :]
+    drafted = verdict.drafted if verdict.drafted is not None else jnp.full_like(verdict.accepted, draft_len)
+    accepted = verdict.accepted[:, None]
+    rows = active[:, None]
+    n_active = jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
+    reached = jnp.sum(rows & (drafted[:, None] >= k) & (accepted >= k - 1), axis=0) / n_active
+    hit = jnp.sum(rows & (accepted >= k), axis=0) / n_active
+    return reached.astype(jnp.float32), hit.astype(jnp.float32)
+
+
 def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
                  max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
                  out_size: int, stream: bool, placement=None) -> DecodeState:
-    """`ssd_jax.engine.skeleton.run` with the fallback to plain decoding. parts: `SpeculativeParts`
-    or `RetrievalParts` with pending_width > 0; costs float32 [4] (`loop_inputs`). Returns the final DecodeState."""
+    """`ssd_jax.engine.skeleton.run` with the per-step cap and the fallback to plain decoding.
+    parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
+    float32 [NUM_COST_INPUTS] (`ssd_jax.engine.adaptive.loop_inputs`; a [4] array without the
+    forced cap is taken as not forcing). Returns the final DecodeState."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
                   out_size=out_size, stream=stream, placement=placement)
     costs = costs.astype(jnp.float32)
-    c_ar, c_spec, c_draft, prior_acceptance = costs[0], costs[1], costs[2], costs[3]
+    if costs.shape[0] < NUM_COST_INPUTS:
+        costs = jnp.concatenate([costs, jnp.zeros((NUM_COST_INPUTS - costs.shape[0],), jnp.float32)])
+    c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
     L = parts.draft_len
+    takes_cap = getattr(parts, "takes_cap", False)
+    forced = forced_cap > 0
+    lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
     pending, pending_len = parts.pending(state.inner)
     a = jnp.clip(prior_acceptance, 0.0, 0.999)
-    prior_tokens = (1 - a ** (L + 1)) / (1 - a)
+    prior_reached = PRIOR_STEPS * a ** (lengths_1_to_L - 1)
+    prior_accepted = PRIOR_STEPS * a ** lengths_1_to_L
     zero = jnp.zeros((), jnp.int32)
-    prior_accepted, prior_steps = PRIOR_STEPS * (prior_tokens - 1), jnp.asarray(PRIOR_STEPS, jnp.float32)
-    initial = AdaptiveState(decode=state, accepted=prior_accepted, steps=prior_steps,
-                            long_accepted=prior_accepted, long_steps=prior_steps,
-                            forwards_per_step=jnp.asarray(L - 1 if parts.drafts_with_model else 0, jnp.float32),
+    initial = AdaptiveState(decode=state, reached=prior_reached, accepted=prior_accepted,
+                            long_reached=prior_reached, long_accepted=prior_accepted,
+                            long_steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
+                            forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
                             pending=pending, pending_len=pending_len)
 
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
 
+    def choice(s: AdaptiveState) -> tuple[jax.Array, jax.Array]:
+        """(cap int32 [], pays bool []): the cap from the long memory (per-position estimates
+        from a few steps are too noisy to pick a length with), whether it pays from the short."""
+        forwards = s.forward_share * (lengths_1_to_L - 1) if parts.drafts_with_model else 0 * lengths_1_to_L
+        cost = MARGIN * (c_spec + forwards * c_draft)
+        if takes_cap:
+            # Ties (and zero costs, under forced inputs) go to the longest cap.
+            score = expected_tokens_by_cap(s.long_reached, s.long_accepted, a) / jnp.maximum(cost, 1e-30)
+            index = L - 1 - jnp.argmax(score[::-1])
+        else:
+            index = L - 1
+        # Pays unless the short memory's E is below the break-even by more than its noise: Z
+        # standard errors, with (1 + DECAY) R_1 the decayed sums' effective number of steps.
+        mean, sd = tokens_mean_and_spread(s.reached, s.accepted, a, index + 1)
+        rows = jnp.maximum(jnp.sum(~s.decode.outputs.done), 1).astype(jnp.float32)
+        samples = jnp.maximum((1 + DECAY) * s.reached[0] * rows, 1.0)
+        gain = (mean + Z * sd / jnp.sqrt(samples)) * c_ar
+        cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
+        return cap, forced | (gain >= cost[index])
+
     def pays(s: AdaptiveState):
-        expected = 1 + s.accepted / s.steps
-        return expected * c_ar >= MARGIN * (c_spec + s.forwards_per_step * c_draft)
+        return choice(s)[1]
 
     def speculative(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
-        verdict = parts.step(d, fold_rows(keys, d.step), active)
+        cap, _ = choice(s)
+        step_keys = fold_rows(keys, d.step)
+        verdict = parts.step(d, step_keys, active, cap=cap) if takes_cap else parts.step(d, step_keys, active)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
-        # Retrieval drafting runs no draft forwards.
-        forwards = jnp.zeros((), jnp.float32) if verdict.draft_forwards is None \
-            else verdict.draft_forwards.astype(jnp.float32)
-        n_active = jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
-        mean = lambda x: jnp.sum(jnp.where(active, x, 0)).astype(jnp.float32) / n_active  # noqa: E731
-        average = lambda old, new: DECAY * old + (1 - DECAY) * new  # noqa: E731
-        accepted = mean(verdict.accepted)
+        reached, hit = position_counts(verdict, active, L)
+        if verdict.draft_forwards is None or L == 1:
+            share = s.forward_share
+        else:
+            ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(cap - 1, 1).astype(jnp.float32)
+            share = jnp.where(cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
         return s.replace(decode=d, spec_steps=s.spec_steps + 1,
-                         accepted=DECAY * s.accepted + accepted, steps=DECAY * s.steps + 1,
-                         long_accepted=LONG_DECAY * s.long_accepted + accepted, long_steps=LONG_DECAY * s.long_steps + 1,
-                         forwards_per_step=average(s.forwards_per_step, forwards))
+                         reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
+                         long_reached=LONG_DECAY * s.long_reached + reached,
+                         long_accepted=LONG_DECAY * s.long_accepted + hit,
+                         long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share)
 
     def plain(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
@@ -134,10 +227,10 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         rows = jnp.arange(s.pending.shape[0])
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
-        # The short memory moves towards the long one's per-step mean at the speculative pace.
-        long_mean = s.long_accepted / s.long_steps
+        # The short memory moves towards the long one's per-step means at the speculative pace.
         return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
-                         accepted=DECAY * s.accepted + long_mean, steps=DECAY * s.steps + 1)
+                         reached=DECAY * s.reached + s.long_reached / s.long_steps,
+                         accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
 
     def phase(s: AdaptiveState) -> AdaptiveState:
         probe = s.wait <= 0

@@ -45,7 +45,7 @@ import numpy as np
 
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
-from ssd_jax.engine import ssd_steps as steps
+from ssd_jax.engine import ssd_auto, ssd_steps as steps
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
 from ssd_jax.engine.ssd_placement import DeviceGroup, placed_model, resolve_groups
@@ -103,7 +103,7 @@ class _Decode:
 
     def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
-                 draft_devices, stream: StreamSink | None, sync_timing: bool):
+                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: bool = False):
         b, length = batch.batch_size, plan.num_draft_tokens
         target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
         start = time.perf_counter()
@@ -129,6 +129,9 @@ class _Decode:
         self.verify = functools.partial(steps.target_verify, tcfg=tcfg, sampling=sampling, capacity=plan.capacity,
                                         verifier=verifier)
         self.build = functools.partial(steps.draft_build, dcfg=dcfg, **drafting)
+        self.plain = functools.partial(steps.target_plain, tcfg=tcfg, sampling=sampling, capacity=plan.capacity,
+                                       chunk=ssd_auto.PLAIN_CHUNK)
+        self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
         else:
@@ -172,8 +175,32 @@ class _Decode:
                                self.cur, d_keys)
         self.layout = self.estimator.layout()
         self.step = 1
+        if self.auto and not self.done.all():
+            start, compile_start = time.perf_counter(), self.run.compile_s
+            key = ("ssd_plain", self.run.static, self.plan.capacity)
+            plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
+                                                  self.tstate)
+            self.switch = ssd_auto.PlainSwitch(plain_s)
+            self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)
+
+    def run_plain(self, state, cur, step: int):
+        """One chunk of plain decoding (`ssd_steps.target_plain`): (state, emitted, appended, done, cur)."""
+        return self.run("ssd_target_plain", self.plain, self.tgroup, self.tparams, state, cur, np.int32(step),
+                        donate=(1,))
+
+    def finish_plain(self, cur: np.ndarray) -> None:
+        """Decodes the rest of the call plainly, chunk by chunk (streamed per chunk)."""
+        self.switched_at = self.tally.steps
+        step = self.step
+        while not self.done.all():
+            self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step)
+            appended = np.asarray(appended)
+            if self.stream is not None:
+                self.stream(np.asarray(emitted), appended)
+            self.done = np.asarray(done).astype(bool)
+            step += ssd_auto.PLAIN_CHUNK
 
     def draft_fallback(self, root: np.ndarray):
         """The fallback's speculation for every row (tokens on the host, q on the draft group)."""
@@ -258,6 +285,7 @@ class _Decode:
 
     def loop(self, observe=None) -> None:
         while not self.done.all():
+            step_start, compile_start, live = time.perf_counter(), self.run.compile_s, ~self.done
             future = self.submit_build()
             packed, q = self.dispatch_verify()
             accepted, next_token = self.outcome(packed)
@@ -271,6 +299,12 @@ class _Decode:
             self.tally.steps += 1
             if self.done.all():
                 break
+            if self.switch is not None:
+                self.switch.record(time.perf_counter() - step_start - (self.run.compile_s - compile_start),
+                                   float(np.mean(accepted[live] + 1)))
+                if self.switch.slower_than_plain():
+                    self.finish_plain(next_token)
+                    break
             self.next_speculation(cache, accepted, next_token)
 
 
@@ -279,7 +313,7 @@ def generate_ssd(
     num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
     target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
     fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
-    observe=None,
+    observe=None, auto: bool = False,
 ) -> GenerateOutput:
     """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
 
@@ -296,7 +330,7 @@ def generate_ssd(
     estimator = FanoutEstimator(fanout, num_draft_tokens, fanout_budget, plan.vocab, fanout_acceptance,
                                 fanout_exponent)
     decode = _Decode(target, draft, batch, max_new_tokens, sampling, key, plan, estimator, target_devices,
-                     draft_devices, stream, sync_timing)
+                     draft_devices, stream, sync_timing, auto=auto)
     start = time.perf_counter()
     try:
         decode.start()
@@ -306,7 +340,7 @@ def generate_ssd(
             decode.worker.shutdown()
     outputs, counters = jax.device_get((decode.tstate["outputs"], decode.tstate["counters"]))
     jax.block_until_ready(decode.dstate)  # the last build: its work belongs to this call
-    wall = time.perf_counter() - start - decode.run.compile_s
+    wall = time.perf_counter() - start - decode.run.compile_s - decode.measure_s
 
     extra = dict(num_draft_tokens_per_step=num_draft_tokens, fanout_budget=fanout_budget, fanout_strategy=fanout,
                  fanout=list(map(int, decode.layout.fanout)), fanout_acceptance_estimate=estimator.acceptance(),
@@ -316,6 +350,10 @@ def generate_ssd(
                  draft_devices=[str(d) for d in decode.dgroup.devices], placement_time_s=decode.placement_s,
                  cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
                                      if devices_platform(decode.tgroup.devices) == "cpu" else None))
+    if auto:
+        extra.update(adaptive=True, planned_draft_len=num_draft_tokens, switched_to_plain_at_step=decode.switched_at,
+                     plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
+                     cost_measure_time_s=decode.measure_s)
     out = generate_output("ssd", outputs.out, outputs.num_out, outputs.finish, counters, wall,
                              decode.run.compile_s, extra)
     out.stats.update(decode.tally.stats(wall))

@@ -1,6 +1,6 @@
 """The device programs of SSD (speculative speculative decoding), one jit-able function each.
 
-Target group: `target_prefill`, `target_verify`. Draft group: `draft_prefill`, `draft_build`
+Target group: `target_prefill`, `target_verify`, `target_plain`. Draft group: `draft_prefill`, `draft_build`
 (the speculation cache), `fallback_model` / `fallback_ngram` (a next speculation on a miss),
 `select_q`. The host loop in `ssd_jax.engine.ssd` dispatches them asynchronously.
 
@@ -14,7 +14,7 @@ Invariants at the top of step s, per row (P = target cache length):
 
 Random keys, per row key r: first token fold_in(r, 0); verify of step s fold_in(fold_in(r, s), 2);
 build of step s, slot i: split(fold_in(fold_in(r, s), 1), S)[i]; fallback drafting the
-speculation of step s: fold_in(fold_in(r, s), 3). Distinct streams keep the draft of a speculation
+speculation of step s: fold_in(fold_in(r, s), 3); plain decoding step s ("auto"): fold_in(fold_in(r, s), 4). Distinct streams keep the draft of a speculation
 independent of every verification that decides which speculation is used, so decoding is exact.
 """
 
@@ -104,6 +104,40 @@ def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, s
     state = dict(state, cache=cache, outputs=outputs, counters=counters)
     packed = jnp.stack([accepted, next_token, appended, outputs.done.astype(jnp.int32)], axis=1)
     return state, packed.astype(jnp.int32)
+
+
+def target_plain(tparams, state, cur, step, *, tcfg: ModelConfig, sampling: SamplingParams, capacity: int,
+                 chunk: int):
+    """Up to `chunk` plain decoding steps (the target alone), stopping early once every row is
+    done: SSD under draft_len="auto" finishes a call this way when it measures slower than plain
+    decoding. cur int32 [B] as in `target_verify`; step int32 []: the first plain step's index
+    (keys fold_in(fold_in(r, step + i), 4), a stream no speculative step uses).
+    Returns (state, emitted int32 [B, chunk] (row b's first appended[b] are new), appended int32
+    [B], done bool [B], cur int32 [B])."""
+    b = cur.shape[0]
+
+    def body(carry):
+        i, state, cur, emitted, appended = carry
+        cache: KVCache = state["cache"]
+        outputs: Outputs = state["outputs"]
+        active = ~outputs.done
+        logits, cache = forward_cached(tparams, tcfg, cur[:, None], cache.lengths[:, None], cache)
+        token = sample_rows(sampling, _fold(state["keys"], step + i, 4), logits[:, 0])
+        cache = commit(cache, active.astype(jnp.int32))
+        outputs, n = append(outputs, token[:, None], jnp.ones((b,), jnp.int32), state["max_new"], state["eos"])
+        outputs = stop_rows(outputs, cache.lengths + 1 > capacity)
+        slots = jnp.where(n > 0, appended, chunk)
+        emitted = emitted.at[jnp.arange(b), slots].set(token, mode="drop")
+        state = dict(state, cache=cache, outputs=outputs, counters=state["counters"].record_ar_step(active))
+        return i + 1, state, jnp.where(active, token, cur), emitted, appended + n
+
+    def more(carry):
+        return (carry[0] < chunk) & ~jnp.all(carry[1]["outputs"].done)
+
+    zeros = jnp.zeros((b,), jnp.int32)
+    _, state, cur, emitted, appended = jax.lax.while_loop(
+        more, body, (jnp.zeros((), jnp.int32), state, cur, jnp.zeros((b, chunk), jnp.int32), zeros))
+    return state, emitted, appended, state["outputs"].done, cur
 
 
 # ---------------------------------------------------------------------------------- draft group

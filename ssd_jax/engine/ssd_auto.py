@@ -1,0 +1,71 @@
+"""SSD under draft_len="auto": the draft length chosen per call by the cost model, and a host-side
+switch to plain decoding when SSD measures slower than the target alone.
+
+SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
+extra: after each step the loop adds the step's seconds (less compile time) and the tokens it
+emitted per running row to decayed sums; once MIN_STEPS steps ran, if
+
+    seconds per token of SSD  >  seconds per token of plain decoding
+
+the loop finishes the call with `ssd_steps.target_plain` (jitted chunks of PLAIN_CHUNK target
+steps, streamed chunk by chunk). The plain step's time is measured on that very program, once per
+program key and process: one chunk run on a copy of the state after prefill (best of two).
+The switch uses only timings and past steps, never a step's target probabilities, so the output
+law stays the target's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ssd_jax.engine.adaptive import Recent
+
+PLAIN_CHUNK = 16
+MIN_STEPS = 3
+DECAY = 0.7
+_PLAIN_STEP_S = Recent()
+_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class PlainSwitch:
+    """Decayed sums of SSD's step seconds and tokens per running row, against plain_step_s."""
+
+    plain_step_s: float
+    seconds: float = 0.0
+    tokens: float = 0.0
+    steps: int = 0
+
+    def record(self, seconds: float, tokens_per_row: float) -> None:
+        self.seconds = DECAY * self.seconds + seconds
+        self.tokens = DECAY * self.tokens + tokens_per_row
+        self.steps += 1
+
+    def slower_than_plain(self) -> bool:
+        return self.steps >= MIN_STEPS and self.seconds > self.plain_step_s * self.tokens
+
+
+def plain_step_seconds(key, run_chunk, state) -> float:
+    """Seconds per plain decoding step of this program (key: what it is remembered under),
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies, best of two."""
+    with _LOCK:
+        known = _PLAIN_STEP_S.lookup(key)
+    if known is not None:
+        return known
+    best = np.inf
+    for _ in range(3):   # the first run compiles
+        copy = jax.tree.map(jnp.copy, state)
+        jax.block_until_ready(copy)
+        start = time.perf_counter()
+        out = jax.block_until_ready(run_chunk(copy))
+        steps = max(int(np.max(np.asarray(out[1]))), 1)
+        best = min(best, (time.perf_counter() - start) / steps)
+    with _LOCK:
+        _PLAIN_STEP_S.store(key, best)
+    return best
