@@ -19,9 +19,14 @@ one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`), rho the running shar
 draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
 c_spec + rho (l - 1) c_draft, and
 
-    cap = argmax_l E(l) c_ar / (c_spec + rho (l - 1) c_draft)       (parts with `takes_cap`;
-                                                                     else their static L)
-    pays:  E(cap) c_ar >= MARGIN (c_spec + rho (cap - 1) c_draft)
+    cap = the longest l with E(l) / cost(l) >= CAP_TOLERANCE max_l E(l) / cost(l)
+          (long memory; parts with `takes_cap`, else their static L)
+    pays:  (E(cap) + Z sd(cap) / sqrt(n)) c_ar >= c_spec + rho (cap - 1) c_draft
+
+with sd(cap) the spread of a step's tokens under the same model and n the short memory's
+effective number of steps (times the running rows): the noise allowance keeps a chance dip of a
+few steps from stopping speculation that pays on average, while a draft that is truly bad (E
+near 1, small spread) falls back after a few steps.
 
 The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
 during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
@@ -29,10 +34,9 @@ once the short memory is back near the long one (at once where speculation pays 
 after up to `pending_width` - 1 tokens where it does not). A probe (one speculative step) that
 does not pay doubles the number of plain phases before the next probe, up to MAX_BACKOFF, so
 text where speculation never pays costs few probes. Both memories start from PRIOR_STEPS steps
-at the plan's acceptance. Positions a cap never reaches keep their last estimate (decay scales
-A_k and R_k alike), so a longer cap is tried again once its estimate says it would pay.
-MARGIN < 1 leans towards speculating: a wrong fall back costs plain steps, a wrong speculative
-step only itself.
+at the plan's acceptance. Each alpha_k is shrunk towards the acceptance pooled over positions
+by POOLING steps' worth, so a position whose estimate fell low by chance (and that shorter caps
+then stop measuring) drifts back and is tried again.
 
 The choices use only past steps and the costs, never the current step's target probabilities,
 so the output law is the target's whatever they decide.
@@ -53,9 +57,16 @@ from ssd_jax.sampling import SamplingParams
 DECAY = 0.9
 LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
-MARGIN = 0.9
+# The fall back's noise allowance, in standard errors of the short memory's tokens per step (at
+# T=1 a step's tokens vary by ~1.5 around ~3, so a 10-step memory dips below break-even by
+# chance; without it SD fell back on 20-30% of the steps of sets where every fixed L paid).
 Z = 1.0
+# Steps' worth of pull of each position's acceptance towards the pooled one (POOLING = 2 left
+# SD's caps at 3.2 where L = 4-5 measured best at T=1; 8 brought them to 4.2).
 POOLING = 8.0
+# E(l) / cost(l) is flat near its maximum, and the estimates lean short (a position's acceptance
+# is measured less often the further it is); the cap is the longest within this share of the best.
+CAP_TOLERANCE = 0.97
 MAX_BACKOFF = 8
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
@@ -181,11 +192,12 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         """(cap int32 [], pays bool []): the cap from the long memory (per-position estimates
         from a few steps are too noisy to pick a length with), whether it pays from the short."""
         forwards = s.forward_share * (lengths_1_to_L - 1) if parts.drafts_with_model else 0 * lengths_1_to_L
-        cost = MARGIN * (c_spec + forwards * c_draft)
+        cost = c_spec + forwards * c_draft
         if takes_cap:
-            # Ties (and zero costs, under forced inputs) go to the longest cap.
+            # The longest cap within CAP_TOLERANCE of the best score (zero costs, under forced
+            # inputs: the longest).
             score = expected_tokens_by_cap(s.long_reached, s.long_accepted, a) / jnp.maximum(cost, 1e-30)
-            index = L - 1 - jnp.argmax(score[::-1])
+            index = L - 1 - jnp.argmax((score >= CAP_TOLERANCE * jnp.max(score))[::-1])
         else:
             index = L - 1
         # Pays unless the short memory's E is below the break-even by more than its noise: Z

@@ -95,7 +95,9 @@ class SpeculativeParts:
         """The draft lengths verification is compiled for (widths n + 1; `lax.switch` picks the
         narrowest that holds the step's drafts): 2, 4, 8, ... up to L when drafts vary in length
         (`takes_cap`), else L alone. On CPU a verified token costs about as much as a draft
-        forward, so verifying at the full width when drafts stopped short loses ~8% per step."""
+        forward, so verifying at the full width when drafts stopped short loses ~8% per step;
+        a width for every length measured no better (SD at T=1 on two prompt sets: 1.19-1.29x
+        AR, against 1.33-1.36x with powers of two)."""
         if not self.takes_cap:
             return (self.num_draft_tokens,)
         caps, n = [], 2
