@@ -29,13 +29,14 @@ from ssd_jax.errors import InputError
 # length that pays best, and stop early per row when the draft's top probability falls below
 # threshold (None: GREEDY_THRESHOLD at temperature 0 and no early stop at T > 0, where a flat
 # draft law says little about acceptance: with 0.02, SD capped at 4 tokens needed 191 target
-# calls for 512 tokens of the repetition set at T = 1, without it 163, as many as fixed L = 4). It is the default of PLD and LogitSpec, whose
-# fixed trees lose to plain decoding wherever retrieval finds little (T=1: 0.5-0.8x AR, "auto"
-# 0.9-1.1x; T=0: "auto" within 3% of the best fixed length or above it,
-# benchmarks/results/adaptive_pld.json); for the draft-model methods it is opt-in until it
-# measures at least as fast as the fixed L = 5 (issue 17); L = 5 and K = 2 beat the alternatives
-# on CPU (benchmarks/results/speculative_sweep.json); SSD's L = 4 with a budget of 2(L+1) = 10
-# speculations per step (benchmarks/bench_ssd.py: SSD's build drafts L tokens for every slot).
+# calls for 512 tokens of the repetition set at T = 1, without it 163, as many as fixed L = 4).
+# "auto" is the default of PLD and LogitSpec, whose fixed trees lose to plain decoding wherever
+# retrieval finds little (T=1: 0.6-0.8x AR, "auto" 0.9-1.0x; T=0: "auto" 0.89-1.15 of the best
+# fixed length, benchmarks/results/adaptive_{pld,logitspec}.json); for the draft-model methods,
+# CSD and SSD it is opt-in until it measures at least as fast as their fixed defaults (issue
+# 17); L = 5 and K = 2 beat the alternatives on CPU (benchmarks/results/speculative_sweep.json);
+# SSD's L = 4 with a budget of 2(L+1) = 10 speculations per step (benchmarks/bench_ssd.py: SSD's
+# build drafts L tokens for every slot).
 AUTO = "auto"
 _ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=None)
 GREEDY_THRESHOLD = 0.02
