@@ -11,7 +11,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `unroll_layers` (decode loops on `decode_params`, per-layer KV cache) | yes | yes | yes |
 | `prefill_attention` (causal prompt forward) | reference | cudnn | xla |
 | `fused_prefill_min_tokens` (shortest prompt bucket given to it) | 0 | 256 | 256 |
-| `decode_attention` (cached steps and token trees) | reference | xla | reference |
+| `decode_attention` (cached steps and token trees) | reference | xla | pallas |
 | `logitspec_tree_size` (LogitSpec's default node budget) | 8 | 16 | 64 |
 | `min_decode_rows` (AR decodes at least this many rows) | 1 | 2 | 1 |
 
@@ -30,7 +30,11 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   alternatives at 1-64 new tokens. XLA's `dot_product_attention` with the mask beat the
   reference einsum end to end on an H100 (embedded pair, bf16, T=0: AR +9.5%, SD +12%,
   LogitSpec +7%, CSD +7%; `accelerator_*_policy.json`); on CPU the reference stays (measured
-  equal or faster). TPU keeps the reference until measured.
+  equal or faster). On TPU a Pallas kernel (`ssd_jax.models.pallas_attention`, flash decoding:
+  the cache streamed block by block with an online softmax, stopping at the last visible block)
+  serves every cache whose capacity it takes; other capacities keep the reference. It is checked
+  against the reference on CPU through Pallas's interpreter and lowered for TPU in the tests, but
+  not yet timed on a TPU.
 - Rows: on an H100 one AR step of the 1B shape took 1.47-1.51 ms at batch 1 and 1.21-1.26 ms at
   batch 2 (bf16; `accelerator_*_policy.json`): XLA's one-row matrix-vector products read the
   weights more slowly than its two-row products. AR therefore decodes a lone row beside a copy
@@ -77,7 +81,7 @@ POLICIES = {
                   decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
                   min_decode_rows=2),
     "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
-                  decode_attention="reference", logitspec_tree_size=64, fused_prefill_min_tokens=256),
+                  decode_attention="pallas", logitspec_tree_size=64, fused_prefill_min_tokens=256),
 }
 
 

@@ -28,7 +28,7 @@ DOCUMENTED = {
                 logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1),
     "gpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn", decode_attention="xla",
                 logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2),
-    "tpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="xla", decode_attention="reference",
+    "tpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="xla", decode_attention="pallas",
                 logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1),
 }
 

@@ -24,6 +24,10 @@ from ssd_jax.models.kv_cache import KVCache
 from ssd_jax.models.layer_pattern import LayerIndex, inv_freq_for_layer, layer_masks, mask_for_layer
 from ssd_jax.models.layers import activation, apply_rope, norm, softcap
 from ssd_jax.models.moe import moe_mlp
+from ssd_jax.models.pallas_attention import pallas_attention
+from ssd_jax.models.pallas_attention import supports as pallas_supports
+
+DECODE_ATTENTION = ("reference", "xla", "pallas", "pallas_interpret")
 
 
 def _dense(x: jax.Array, p: dict) -> jax.Array:
@@ -242,8 +246,11 @@ def forward_cached(
     the new tokens alone (`ssd_jax.models.attention`); only for a prompt forward into an empty
     cache with no tree_mask, where the new tokens' causal mask is the whole mask. Models with
     attention soft-capping or per-layer windows (Gemma 2/3) keep the reference attention.
-    decode_attention: the attention of every other forward, "reference" (`_attend`) or "xla"
-    (`jax.nn.dot_product_attention` with the mask); None: the backend policy's for the params.
+    decode_attention: the attention of every other forward: "reference" (`_attend`), "xla"
+    (`jax.nn.dot_product_attention` with the mask), "pallas" (the TPU kernel of
+    `ssd_jax.models.pallas_attention`, for caches it `supports`, else the reference) or
+    "pallas_interpret" (that kernel through Pallas's interpreter, any backend: tests); None: the
+    backend policy's for the params.
 
     Stacked params with a stacked cache run the layers under `lax.scan`; per-layer params
     (`unstack_layers`) or a per-layer cache run them as an unrolled loop. The cache comes back in
@@ -257,6 +264,9 @@ def forward_cached(
     masks = None if fused else cache_attention_mask(config, cache.lengths, positions, cache.capacity, tree_mask)
     if decode_attention is None:
         decode_attention = policy_for(params).decode_attention
+    if decode_attention not in DECODE_ATTENTION:
+        raise ValueError(f"unknown decode_attention {decode_attention!r}; known: {DECODE_ATTENTION}")
+    kernel = decode_attention.startswith("pallas") and pallas_supports(cache.capacity)
     scale = attention_scale(config)
     rows = jnp.arange(b)[:, None]
     write_slots = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
@@ -284,6 +294,10 @@ def forward_cached(
         if fused:
             attn = causal_attention(q, k, v, window=config.layer_windows[0], scale=scale,
                                     implementation=prefill_attention)
+        elif kernel:
+            attn = pallas_attention(q, k_cur, v_cur, mask_for_layer(config, masks, layer), scale=scale,
+                                    softcap=config.attn_logit_softcap,
+                                    interpret=decode_attention == "pallas_interpret")
         elif decode_attention == "xla" and plain:
             attn = masked_attention(q, k_cur, v_cur, mask_for_layer(config, masks, layer), scale=scale)
         else:
