@@ -327,11 +327,54 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
 
 _CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
-_CALIBRATION_REPEATS = 3
+_CALIBRATION_ROUNDS = 5
 # Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
 # probe per phase); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
+
+
+def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tuple[float, float, float]:
+    """(AR step, speculative step without draft forwards, one draft forward) in seconds, from
+    interleaved forced runs (see `calibrated_inputs`)."""
+    tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
+
+    def runner(forced, max_new):
+        run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
+                                jax.device_put(forced, args[-1].sharding))
+
+        def run():
+            start = time.perf_counter()
+            out = jax.block_until_ready(executable(*run_args))
+            return time.perf_counter() - start, out
+
+        return run
+
+    runs = dict(setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens),
+                plain=runner(FORCE_PLAIN, tokens))
+    if takes_cap:
+        runs["one"] = runner(force_cap(1), tokens)
+    counts = {}
+    for name, run in runs.items():   # warm, and the step counts (the same every round)
+        counters = jax.device_get(run()[1].counters["spec"])
+        drafted = float(np.sum(counters.num_drafted)) / max(float(np.sum(counters.num_drafts)), 1.0)
+        counts[name] = (max(int(counters.target_calls) - 1, 1), int(np.max(counters.ar_steps)), drafted)
+    forwards = max(counts["spec"][2] - 1.0, 0.0)
+    measured_cap = takes_cap and forwards >= 0.5
+    rounds = []
+    for _ in range(_CALIBRATION_ROUNDS):
+        seconds = {name: run()[0] for name, run in runs.items()}
+        setup = seconds["setup"]
+        t_spec = max(seconds["spec"] - setup, 1e-9) / counts["spec"][0]
+        p_steps, p_plain, _ = counts["plain"]
+        t_ar = max(seconds["plain"] - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
+        c_draft = costs.draft * t_ar / costs.target(1)
+        if measured_cap:
+            t_one = max(seconds["one"] - setup, 1e-9) / counts["one"][0]
+            c_draft = max(t_spec - t_one, 0.0) / forwards
+        rounds.append((t_ar, t_spec / t_ar, c_draft / t_ar))
+    t_ar, spec_ratio, draft_ratio = (float(np.median(column)) for column in zip(*rounds))
+    return t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar
 
 
 def force_cap(cap: int) -> np.ndarray:
@@ -346,43 +389,18 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     """loop_inputs with the AR and speculative step times measured on the compiled program itself
     (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
     tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
-    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes); best of _CALIBRATION_REPEATS
-    each. takes_cap (a loop that caps each step's draft): one more run capped at one token, so
-    the step time without draft forwards and one draft forward's in-loop time are both measured
-    (the slope between the two caps); otherwise the draft forward's cost is the per-forward
-    measurement scaled like the AR step. Kept per program; the prior acceptance stays the plan's."""
+    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes). takes_cap (a loop that caps
+    each step's draft): one more run capped at one token, so the step time without draft
+    forwards and one draft forward's in-loop time are both measured (the slope between the two
+    caps); otherwise the draft forward's cost is the per-forward measurement scaled like the AR
+    step. The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
+    rounds of its ratio to the same round's AR step (times the median AR step): this machine's
+    speed drifts by tens of percent within seconds, which separate best-of timings took for
+    differences between the programs. Kept per program; the prior acceptance stays the plan's."""
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
     if calibration is None:
-        tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
-
-        def timed(forced, max_new):
-            run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
-                                    jax.device_put(forced, args[-1].sharding))
-            jax.block_until_ready(executable(*run_args))           # warm
-            best = np.inf
-            for _ in range(_CALIBRATION_REPEATS):
-                start = time.perf_counter()
-                out = jax.block_until_ready(executable(*run_args))
-                best = min(best, time.perf_counter() - start)
-            counters = jax.device_get(out.counters["spec"])
-            steps = int(counters.target_calls) - 1
-            plain = int(np.max(counters.ar_steps))
-            draft_len = float(np.sum(counters.num_drafted)) / max(float(np.sum(counters.num_drafts)), 1.0)
-            return best, steps, plain, draft_len
-
-        setup = timed(FORCE_SPECULATION, 1)[0]
-        s_sec, s_steps, _, s_len = timed(FORCE_SPECULATION, tokens)
-        t_spec = max(s_sec - setup, 1e-9) / max(s_steps, 1)
-        p_sec, p_steps, p_plain, _ = timed(FORCE_PLAIN, tokens)
-        t_ar = max(p_sec - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
-        c_draft = costs.draft * t_ar / costs.target(1)
-        forwards = max(s_len - 1.0, 0.0)
-        if takes_cap and forwards >= 0.5:
-            o_sec, o_steps, _, _ = timed(force_cap(1), tokens)
-            t_one = max(o_sec - setup, 1e-9) / max(o_steps, 1)
-            c_draft = max(t_spec - t_one, 0.0) / forwards
-        calibration = (t_ar, max(t_spec - forwards * c_draft, 1e-9), c_draft)
+        calibration = _calibrate(executable, args, costs, takes_cap)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
     t_ar, t_spec_fixed, c_draft = calibration

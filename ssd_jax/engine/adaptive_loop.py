@@ -98,7 +98,8 @@ class AdaptiveState:
     over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
     the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
-    read (ending with cur)."""
+    read (ending with cur); cap int32 [], pays bool []: the next step's cap and whether
+    speculating pays, from the memories above (computed once per update)."""
 
     decode: DecodeState
     reached: jax.Array
@@ -112,6 +113,8 @@ class AdaptiveState:
     backoff: jax.Array
     pending: jax.Array
     pending_len: jax.Array
+    cap: jax.Array
+    pays: jax.Array
 
 
 def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
@@ -161,16 +164,17 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                  out_size: int, stream: bool, placement=None) -> DecodeState:
     """`ssd_jax.engine.skeleton.run` with the per-step cap and the fallback to plain decoding.
     parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS] (`ssd_jax.engine.adaptive.loop_inputs`; a [4] array without the
-    forced cap is taken as not forcing). Returns the final DecodeState."""
+    float32 [NUM_COST_INPUTS] (`ssd_jax.engine.adaptive.loop_inputs`). Returns the final DecodeState."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
                   out_size=out_size, stream=stream, placement=placement)
     costs = costs.astype(jnp.float32)
-    if costs.shape[0] < NUM_COST_INPUTS:
-        costs = jnp.concatenate([costs, jnp.zeros((NUM_COST_INPUTS - costs.shape[0],), jnp.float32)])
     c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
     L = parts.draft_len
     takes_cap = getattr(parts, "takes_cap", False)
+    # A step's verification runs at the narrowest compiled width holding its drafts, so a cap
+    # between two compiled caps verifies at the wider one's cost: only 1 and the compiled caps
+    # are chosen (the linear cost below is right at those, and under-prices the caps between).
+    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray((1,) + tuple(getattr(parts, "verify_caps", (L,)))))
     forced = forced_cap > 0
     lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
     pending, pending_len = parts.pending(state.inner)
@@ -183,20 +187,21 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                             long_steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
-                            pending=pending, pending_len=pending_len)
+                            pending=pending, pending_len=pending_len, cap=zero, pays=jnp.zeros((), bool))
 
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
 
-    def choice(s: AdaptiveState) -> tuple[jax.Array, jax.Array]:
-        """(cap int32 [], pays bool []): the cap from the long memory (per-position estimates
-        from a few steps are too noisy to pick a length with), whether it pays from the short."""
+    def decide(s: AdaptiveState) -> AdaptiveState:
+        """s with its cap (from the long memory: per-position estimates from a few steps are
+        too noisy to pick a length with) and whether it pays (from the short memory)."""
         forwards = s.forward_share * (lengths_1_to_L - 1) if parts.drafts_with_model else 0 * lengths_1_to_L
         cost = c_spec + forwards * c_draft
         if takes_cap:
-            # The longest cap within CAP_TOLERANCE of the best score (zero costs, under forced
-            # inputs: the longest).
+            # The longest candidate cap within CAP_TOLERANCE of the best score (zero costs, under
+            # forced inputs: the longest).
             score = expected_tokens_by_cap(s.long_reached, s.long_accepted, a) / jnp.maximum(cost, 1e-30)
+            score = jnp.where(candidate, score, 0.0)
             index = L - 1 - jnp.argmax((score >= CAP_TOLERANCE * jnp.max(score))[::-1])
         else:
             index = L - 1
@@ -207,15 +212,12 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         samples = jnp.maximum((1 + DECAY) * s.reached[0] * rows, 1.0)
         gain = (mean + Z * sd / jnp.sqrt(samples)) * c_ar
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return cap, forced | (gain >= cost[index])
-
-    def pays(s: AdaptiveState):
-        return choice(s)[1]
+        return s.replace(cap=cap, pays=forced | (gain >= cost[index]))
 
     def speculative(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
-        cap, _ = choice(s)
+        cap = s.cap
         step_keys = fold_rows(keys, d.step)
         verdict = parts.step(d, step_keys, active, cap=cap) if takes_cap else parts.step(d, step_keys, active)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
@@ -225,11 +227,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         else:
             ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(cap - 1, 1).astype(jnp.float32)
             share = jnp.where(cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
-        return s.replace(decode=d, spec_steps=s.spec_steps + 1,
-                         reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
-                         long_reached=LONG_DECAY * s.long_reached + reached,
-                         long_accepted=LONG_DECAY * s.long_accepted + hit,
-                         long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share)
+        return decide(s.replace(decode=d, spec_steps=s.spec_steps + 1,
+                                reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
+                                long_reached=LONG_DECAY * s.long_reached + reached,
+                                long_accepted=LONG_DECAY * s.long_accepted + hit,
+                                long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share))
 
     def plain(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
@@ -240,13 +242,13 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
         # The short memory moves towards the long one's per-step means at the speculative pace.
-        return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
-                         reached=DECAY * s.reached + s.long_reached / s.long_steps,
-                         accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
+        return decide(s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
+                                reached=DECAY * s.reached + s.long_reached / s.long_steps,
+                                accepted=DECAY * s.accepted + s.long_accepted / s.long_steps))
 
     def phase(s: AdaptiveState) -> AdaptiveState:
         probe = s.wait <= 0
-        s = jax.lax.while_loop(lambda s: running(s) & ((probe & (s.spec_steps == 0)) | pays(s)), speculative,
+        s = jax.lax.while_loop(lambda s: running(s) & ((probe & (s.spec_steps == 0)) | s.pays), speculative,
                                s.replace(spec_steps=zero))
         # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
         # speculation that paid resets it.
@@ -258,8 +260,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         pending, pending_len = parts.pending(s.decode.inner)
         s = s.replace(pending=pending, pending_len=pending_len)
         width = s.pending.shape[1]
-        s = jax.lax.while_loop(lambda s: running(s) & ~pays(s) & (jnp.max(s.pending_len) < width), plain, s)
+        s = jax.lax.while_loop(lambda s: running(s) & ~s.pays & (jnp.max(s.pending_len) < width), plain, s)
         inner = parts.resync(s.decode.inner, s.pending, s.pending_len)
         return s.replace(decode=s.decode.replace(inner=inner))
 
-    return jax.lax.while_loop(running, phase, initial).decode
+    return jax.lax.while_loop(running, phase, decide(initial)).decode

@@ -9,7 +9,8 @@ emitted per running row to decayed sums; once MIN_STEPS steps ran, if
 
 the loop finishes the call with `ssd_steps.target_plain` (jitted chunks of PLAIN_CHUNK target
 steps, streamed chunk by chunk). The plain step's time is measured on that very program, once per
-program key and process: one chunk run on a copy of the state after prefill (best of two).
+program key and process: one chunk run on copies of the state after prefill (three runs, the
+first compiling; the best).
 The switch uses only timings and past steps, never a step's target probabilities, so the output
 law stays the target's.
 """
@@ -53,7 +54,8 @@ class PlainSwitch:
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
-    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies, best of two."""
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: three runs (the
+    first compiles), the best."""
     with _LOCK:
         known = _PLAIN_STEP_S.lookup(key)
     if known is not None:
