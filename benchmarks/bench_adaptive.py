@@ -32,7 +32,7 @@ import ssd_jax  # noqa: E402
 from benchmarks.common import format_table, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import run_configs  # noqa: E402
-from ssd_jax.engine import adaptive  # noqa: E402
+from ssd_jax.engine import adaptive, ssd_auto  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
@@ -127,6 +127,7 @@ def main() -> None:
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for batch_size in (int(b) for b in args.batch.split(",")):
                 adaptive.ACCEPTANCE.clear()
+                ssd_auto.forget()  # and SSD's remembered "slower than plain" verdicts
                 cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,

@@ -14,13 +14,14 @@ import numpy as np
 
 from ssd_jax.decode import check_models, check_positions
 from ssd_jax.engine.autoregressive import loop_params
+from ssd_jax.engine import ssd_auto
 from ssd_jax.engine.compile_cache import PROGRAMS
 from ssd_jax.engine.decoder import decode_arrays, split_cascade
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import bucket, prepare_prompts, row_keys
 from ssd_jax.engine.streaming import streaming_to
 from ssd_jax.errors import InputError
-from ssd_jax.methods import DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
+from ssd_jax.methods import AR, DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.sharding import colocate
@@ -153,7 +154,20 @@ def generate(
     draft = check_models(method, target, draft, sampling)
     check_positions(method, target, draft, sampling, batch.max_length, int(max_new_tokens))
     if isinstance(method, SSD):
-        return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
+        verdict = _ssd_verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
+        if not (method.adaptive and ssd_auto.starts_plain(verdict)):
+            return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
+        # "auto" remembers that SSD was slower than plain decoding for this program: AR's loop.
+        out = _generate_sync(AR(), target, None, batch, int(max_new_tokens), sampling, key, stream)
+        out.stats.update(adaptive=True, planned_draft_len=None, switched_to_plain_at_step=0, ssd_steps=0,
+                         ar_fallback_share=1.0, plain_from_start=True)
+        return out
+    return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
+
+
+def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
+                   stream) -> GenerateOutput:
+    """`generate` of every method but SSD: one jitted decode program."""
     out_size = bucket(max_new_tokens)
     eos_ids = tuple(target.config.eos_token_ids or ())
     draft = _colocated(method, target, draft)
@@ -238,8 +252,17 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
                  measure_s=time.perf_counter() - start)
 
 
+def _ssd_verdict_key(method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch,
+                     max_new_tokens: int) -> tuple:
+    """What SSD's "slower than plain decoding" verdict is remembered under (`ssd_auto.starts_plain`)."""
+    from ssd_jax.engine.adaptive import pair_key
+
+    return ("ssd", pair_key(target, draft), method, sampling, batch.batch_size, batch.tokens.shape[1],
+            bucket(max_new_tokens))
+
+
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,
-                  key, stream) -> GenerateOutput:
+                  key, stream, verdict_key) -> GenerateOutput:
     from ssd_jax.engine import adaptive
     from ssd_jax.engine.ssd import generate_ssd
 
@@ -253,7 +276,8 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     memory = adaptive.acceptance_key(target, draft, method, sampling)
     options["num_draft_tokens"] = adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory), method.max_draft_len)
     measure_s = time.perf_counter() - start
-    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True, **options)
+    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True,
+                       verdict_key=verdict_key, **options)
     observed = adaptive.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
     adaptive.ACCEPTANCE.update(memory, observed)
     out.stats.update(observed_acceptance=observed, cost_measure_time_s=out.stats["cost_measure_time_s"] + measure_s)

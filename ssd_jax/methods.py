@@ -23,22 +23,21 @@ import numpy as np
 
 from ssd_jax.errors import InputError
 
-# The one table of defaults. draft_len "auto": adaptive speculation (`ssd_jax.engine.adaptive`):
-# the cost model picks a length up to max_draft_len per call and falls back to plain decoding
-# inside the loop when speculation does not pay; single-path drafts are capped per step at the
-# length that pays best, and stop early per row when the draft's top probability falls below
-# threshold (None: GREEDY_THRESHOLD at temperature 0 and no early stop at T > 0, where a flat
-# draft law says little about acceptance: with 0.02, SD capped at 4 tokens needed 191 target
-# calls for 512 tokens of the repetition set at T = 1, without it 163, as many as fixed L = 4).
-# "auto" is the default of PLD and LogitSpec, whose fixed trees lose to plain decoding wherever
-# retrieval finds little (T=1: 0.6-0.8x AR, "auto" 0.9-1.0x; T=0: "auto" 0.89-1.15 of the best
-# fixed length, benchmarks/results/adaptive_{pld,logitspec}.json); for the draft-model methods,
-# CSD and SSD it is opt-in until it measures at least as fast as their fixed defaults (issue
-# 17); L = 5 and K = 2 beat the alternatives on CPU (benchmarks/results/speculative_sweep.json);
-# SSD's L = 4 with a budget of 2(L+1) = 10 speculations per step (benchmarks/bench_ssd.py: SSD's
-# build drafts L tokens for every slot).
+# The one table of defaults. draft_len "auto" (every speculative method's default; an int fixes
+# it): adaptive speculation (`ssd_jax.engine.adaptive`): the cost model picks a length up to
+# max_draft_len per call and falls back to plain decoding inside the loop when speculation does
+# not pay; single-path drafts are capped per step at the length that pays best, and stop early
+# per row when the draft's top probability falls below threshold (None: GREEDY_THRESHOLD at
+# temperature 0 and no early stop at T > 0, where a flat draft law says little about acceptance:
+# with 0.02, SD capped at 4 tokens needed 191 target calls for 512 tokens of the repetition set
+# at T = 1, without it 163, as many as fixed L = 4). Fixed lengths lose to plain decoding where
+# the draft or retrieval guesses badly (PLD and LogitSpec at T=1: 0.6-0.8x AR, "auto" 0.9-1.0x;
+# SSD with target and draft on one device: 0.7-0.9x AR); "auto" reaches 0.9-1.0 of the best
+# fixed length of each prompt set (benchmarks/results/adaptive*.json). The fixed lengths below
+# (draft_len 5, K = 2) beat the alternatives on CPU (benchmarks/results/speculative_sweep.json);
+# SSD's budget of 10 speculations per step suits L = 4 (benchmarks/bench_ssd.py).
 AUTO = "auto"
-_ADAPTIVE = dict(draft_len=5, max_draft_len=8, threshold=None)
+_ADAPTIVE = dict(draft_len=AUTO, max_draft_len=8, threshold=None)
 GREEDY_THRESHOLD = 0.02
 DEFAULTS: dict[str, dict] = {
     "ar": {},
@@ -50,8 +49,8 @@ DEFAULTS: dict[str, dict] = {
     "pld": dict(draft_len=AUTO, min_ngram=1, max_ngram=3, max_draft_len=8),
     # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
-    "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=None),
-    "ssd": dict(draft_len=4, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
+    "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=AUTO),
+    "ssd": dict(draft_len=AUTO, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
 }
 # `generate` and `decode` default to AR (no draft needed); the `ssd-jax` command loads the
@@ -214,7 +213,7 @@ class _Adaptive(_AutoLength):
 
 @dataclasses.dataclass(frozen=True)
 class _SinglePath(_Adaptive):
-    draft_len: int | str = 5
+    draft_len: int | str = AUTO
     max_draft_len: int = 8
     threshold: float | None = None
     RULES: ClassVar[dict] = _ADAPTIVE_RULES
@@ -249,7 +248,7 @@ class _MultiPath(_Adaptive):
     """Under "auto" the K paths of a row share one length, chosen before drafting (cost model);
     no early stop inside a step: stopping on what the paths drafted breaks GBV's exactness."""
 
-    draft_len: int | str = 5
+    draft_len: int | str = AUTO
     paths: int = 2
     max_draft_len: int = 8
     threshold: float | None = None

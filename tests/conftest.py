@@ -18,6 +18,11 @@ if os.environ.get("SSD_JAX_TEST_XLA_DEFAULTS") != "1":
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
                                         "--xla_llvm_disable_expensive_passes=true"]).strip()
 
+# "auto" decides from fixed relative costs, not timings (`ssd_jax.engine.adaptive.timings_allowed`):
+# exactness never depends on the costs, and measuring them for every new program would add
+# minutes to the suite. The tests of the measurements turn it off (monkeypatch.delenv).
+os.environ["SSD_JAX_DETERMINISTIC_AUTO"] = "1"
+
 from hf_models import FAMILY_CONFIGS, make_hf_model  # noqa: E402
 
 _MADE: dict = {}

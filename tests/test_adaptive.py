@@ -268,9 +268,11 @@ def test_a_draft_equal_to_the_target_drafts_to_the_maximum(models):
         assert np.all(counters.num_accepted == counters.num_drafted)
 
 
-def test_a_random_draft_falls_back_to_plain_decoding():
-    """On the embedded target (on the tiny test pair a speculative step can cost about one plain
-    step, and speculating at one token then rightly never loses, so the rule may keep it)."""
+def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
+    """On the embedded target, with measured costs (on the tiny test pair a speculative step can
+    cost about one plain step, and speculating at one token then rightly never loses, so the rule
+    may keep it)."""
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     target, _ = ssd_jax.default_models()
     stranger = llama(target.config.vocab_size, 64, 2, seed=42, eos=())
     prompt = target.tokenizer.encode("def parse(line):\n    ").ids
@@ -279,6 +281,19 @@ def test_a_random_draft_falls_back_to_plain_decoding():
                            draft=stranger)
     assert out.tokens == ar.tokens
     assert out.stats["ar_fallback_share"] > 0.5
+    assert out.stats["loop_costs"][:3] != adaptive.UNMEASURED.loop_array(9).tolist()  # measured
+
+
+def test_deterministic_auto_decides_without_timings(models, monkeypatch):
+    """SSD_JAX_DETERMINISTIC_AUTO=1: the loop's costs are the fixed UNMEASURED ones and a sampled
+    call gives the same tokens every time."""
+    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
+    target, draft = models
+    calls = [ssd_jax.generate(target, [[3, 4, 5], [6]], max_new_tokens=24, method=ssd_jax.SD(), draft=draft,
+                              temperature=1.0, key=jax.random.PRNGKey(5)) for _ in range(3)]
+    assert calls[0].tokens == calls[1].tokens == calls[2].tokens
+    expected = adaptive.UNMEASURED.loop_array(calls[0].stats["planned_draft_len"] + 1)
+    np.testing.assert_allclose(calls[0].stats["loop_costs"][:3], expected, rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------ the cost model
@@ -336,7 +351,8 @@ def test_early_stop_defaults_to_greedy_only():
     assert ssd_jax.BV(draft_len="auto", threshold=0.3).early_stop(False) == 0.3
 
 
-def test_cost_model_choices():
+def test_cost_model_choices(monkeypatch):
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     cheap = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.01, draft=0.02)
     assert adaptive.choose_draft_len(cheap, 0.9, 8) > adaptive.choose_draft_len(cheap, 0.4, 8)
     assert adaptive.predicted_speedup(cheap, 0.0, 1) < 1 < adaptive.predicted_speedup(cheap, 0.8, 4)
@@ -346,6 +362,8 @@ def test_cost_model_choices():
     memory.update("k", 0.2)
     memory.update("k", 0.6)
     assert memory.get("k") == pytest.approx(0.4)
+    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
+    assert memory.get("k") == adaptive.PRIOR_ACCEPTANCE   # a deterministic call ignores the past
 
 
 def test_command_line_takes_auto():

@@ -140,6 +140,16 @@ SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.ste
             "measured": ssd_auto.PlainSwitch.slower_than_plain}
 
 
+@pytest.fixture(autouse=True)
+def no_remembered_verdicts(monkeypatch):
+    """Each test starts with no program remembered as slower than plain decoding, and "auto"
+    measures (the switch compares timings)."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    ssd_auto.forget()
+    yield
+    ssd_auto.forget()
+
+
 @pytest.mark.parametrize("switch", list(SWITCHES))
 def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, reference, monkeypatch, switch):
     """draft_len="auto": SSD steps, then (if the switch says SSD is slower) plain decoding chunks
@@ -161,6 +171,40 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
     if switch == "after-one-step":
         assert out.stats["switched_to_plain_at_step"] == 1 and out.stats["ssd_steps"] == 1
         assert out.stats["ar_fallback_share"] > 0.5
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypatch, streaming):
+    """A call that switched to plain decoding makes the next calls of the program decode plainly
+    from the start (no SSD step, no draft prefill), all but every PROBE_EVERY-th, which runs SSD
+    again; a probe that finds SSD faster ends it. Tokens are the AR tokens every time."""
+    target, draft = models
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 3)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def sink(tokens, counts):
+        for row in range(len(prompts)):
+            got[row].extend(int(t) for t in tokens[row, : counts[row]])
+
+    def call():
+        got[:] = [[] for _ in prompts]
+        out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft,
+                               stream=sink if streaming else None)
+        assert out.tokens == reference.tokens and (got == out.tokens or not streaming)
+        return out.stats["switched_to_plain_at_step"], out.stats["ssd_steps"]
+
+    assert call() == (1, 1)                      # measured slower after one step
+    assert [call() for _ in range(2)] == [(0, 0), (0, 0)]
+    assert call() == (1, 1)                      # the probe: SSD again
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    assert call() == (0, 0)
+    assert call() == (0, 0)
+    first = call()                               # the probe finds SSD faster ...
+    assert first[0] is None and first[1] > 1
+    second = call()                              # ... so SSD stays
+    assert second[0] is None and second[1] > 1
 
 
 def test_auto_switch_rule():

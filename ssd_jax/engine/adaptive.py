@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import threading
 import time
 import weakref
@@ -144,6 +145,10 @@ class AcceptanceMemory:
         self._lock = threading.Lock()
 
     def get(self, key) -> float:
+        """The remembered acceptance (PRIOR_ACCEPTANCE before any, and always under
+        SSD_JAX_DETERMINISTIC_AUTO=1, where a call must not depend on the calls before it)."""
+        if not timings_allowed():
+            return PRIOR_ACCEPTANCE
         with self._lock:
             return self._values.lookup(key, PRIOR_ACCEPTANCE)
 
@@ -215,12 +220,37 @@ def _loop_seconds(params, config, batch: int, width: int, context: int) -> float
     return best / _LOOP_FORWARDS
 
 
+DETERMINISTIC_ENV = "SSD_JAX_DETERMINISTIC_AUTO"
+
+
+def timings_allowed() -> bool:
+    """False when the environment sets SSD_JAX_DETERMINISTIC_AUTO=1: "auto" then decides from the
+    fixed relative costs UNMEASURED instead of timings, and from the prior acceptance instead of
+    the remembered one, so a call gives the same tokens on every run and machine (with sampling, timings otherwise steer the lengths, hence which random draws
+    are used; the law is the target's either way) and no time goes to measuring. The test suite
+    runs this way, but for the tests of the measurements."""
+    return os.environ.get(DETERMINISTIC_ENV, "") != "1"
+
+
+def agreed(values: np.ndarray) -> np.ndarray:
+    """values as process 0 has them: a program spanning several processes (jax.distributed) must
+    get the same plan and loop inputs on each, and timings differ between hosts."""
+    if jax.process_count() == 1:
+        return values
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(values)))
+
+
 def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
     """The pair's StepCosts at this batch and context (rounded up to a power of two), measured
     once per process (target at 1 and max_draft_len + 1 tokens, draft at 1; draft None, for
-    retrieval drafting: no draft forwards, draft cost 0)."""
+    retrieval drafting: no draft forwards, draft cost 0); UNMEASURED when timings are not allowed
+    (`timings_allowed`). Under jax.distributed every process gets process 0's numbers."""
     from ssd_jax.engine.autoregressive import loop_params
 
+    if not timings_allowed():
+        return UNMEASURED
     key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
     with _COSTS_LOCK:
         known = _COSTS.lookup(key)
@@ -232,7 +262,8 @@ def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -
     wide = _loop_seconds(tparams, target.config, batch, max_draft_len + 1, context)
     per_token = max(wide - one, 0.0) / max_draft_len
     draft_cost = 0.0 if draft is None else _loop_seconds(loop_params(draft), draft.config, batch, 1, context)
-    costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token, draft=draft_cost)
+    fixed, per_token, draft_cost = agreed(np.asarray([max(one - per_token, 1e-9), per_token, draft_cost]))
+    costs = StepCosts(target_fixed=float(fixed), target_per_token=float(per_token), draft=float(draft_cost))
     with _COSTS_LOCK:
         _COSTS.store(key, costs)
     return costs
@@ -302,7 +333,7 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
     if method.name == "csd":
         from ssd_jax.engine.cascade import cascade_schedule
 
-        draft_len = cascade_schedule(method, max(len(_drafters(draft)), 1), sampling).target_width
+        draft_len = cascade_schedule(method, len(_drafters(draft)), sampling).target_width
     elif method.name == "logitspec":
         draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
     elif cost_draft(method, draft) is not None and paths == 1:
@@ -396,11 +427,14 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     step. The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
     rounds of its ratio to the same round's AR step (times the median AR step): this machine's
     speed drifts by tens of percent within seconds, which separate best-of timings took for
-    differences between the programs. Kept per program; the prior acceptance stays the plan's."""
+    differences between the programs. Kept per program; the prior acceptance stays the plan's.
+    Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`, unmeasured."""
+    if not timings_allowed():
+        return np.asarray(planned, np.float32)
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
     if calibration is None:
-        calibration = _calibrate(executable, args, costs, takes_cap)
+        calibration = tuple(float(x) for x in agreed(np.asarray(_calibrate(executable, args, costs, takes_cap))))
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
     t_ar, t_spec_fixed, c_draft = calibration

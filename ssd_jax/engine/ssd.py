@@ -45,7 +45,7 @@ import numpy as np
 
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
-from ssd_jax.engine import ssd_auto, ssd_steps as steps
+from ssd_jax.engine import adaptive, ssd_auto, ssd_steps as steps
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
 from ssd_jax.engine.ssd_placement import DeviceGroup, placed_model, resolve_groups
@@ -103,7 +103,8 @@ class _Decode:
 
     def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
-                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: bool = False):
+                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: bool = False,
+                 verdict_key=None):
         b, length = batch.batch_size, plan.num_draft_tokens
         target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
         start = time.perf_counter()
@@ -129,9 +130,11 @@ class _Decode:
         self.verify = functools.partial(steps.target_verify, tcfg=tcfg, sampling=sampling, capacity=plan.capacity,
                                         verifier=verifier)
         self.build = functools.partial(steps.draft_build, dcfg=dcfg, **drafting)
-        self.plain = functools.partial(steps.target_plain, tcfg=tcfg, sampling=sampling, capacity=plan.capacity,
-                                       chunk=ssd_auto.PLAIN_CHUNK)
+        plain = functools.partial(steps.target_plain, tcfg=tcfg, sampling=sampling, capacity=plan.capacity)
+        self.plain = functools.partial(plain, chunk=ssd_auto.PLAIN_CHUNK)
+        self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
+        self.verdict_key = verdict_key
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
         else:
@@ -175,7 +178,7 @@ class _Decode:
                                self.cur, d_keys)
         self.layout = self.estimator.layout()
         self.step = 1
-        if self.auto and not self.done.all():
+        if self.auto and not self.done.all() and adaptive.timings_allowed():
             start, compile_start = time.perf_counter(), self.run.compile_s
             key = ("ssd_plain", self.run.static, self.plan.capacity)
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
@@ -191,11 +194,17 @@ class _Decode:
                         donate=(1,))
 
     def finish_plain(self, cur: np.ndarray) -> None:
-        """Decodes the rest of the call plainly, chunk by chunk (streamed per chunk)."""
+        """Decodes the rest of the call plainly: chunk by chunk when streaming (streamed per
+        chunk), else in one program."""
         self.switched_at = self.tally.steps
         step = self.step
         while not self.done.all():
-            self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step)
+            if self.stream is not None:
+                self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step)
+            else:
+                self.tstate, emitted, appended, done, cur = self.run(
+                    "ssd_target_plain_rest", self.plain_rest, self.tgroup, self.tparams, self.tstate, cur,
+                    np.int32(step), donate=(1,))
             appended = np.asarray(appended)
             if self.stream is not None:
                 self.stream(np.asarray(emitted), appended)
@@ -306,6 +315,9 @@ class _Decode:
                     self.finish_plain(next_token)
                     break
             self.next_speculation(cache, accepted, next_token)
+        judged = self.switched_at is not None or (self.switch is not None and self.switch.steps >= ssd_auto.MIN_STEPS)
+        if self.verdict_key is not None and judged:
+            ssd_auto.remember(self.verdict_key, slower=self.switched_at is not None)
 
 
 def generate_ssd(
@@ -313,14 +325,16 @@ def generate_ssd(
     num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
     target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
     fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
-    observe=None, auto: bool = False,
+    observe=None, auto: bool = False, verdict_key=None,
 ) -> GenerateOutput:
     """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
 
     sync_timing: wait for every device program alone and report each one's mean latency
     (`stats["latency_s"]`; no overlap). observe: optional callable(dict) called once, after the
     first step's dispatches, with the live arrays (target/draft params and states, the speculation
-    cache): tests check where they live.
+    cache): tests check where they live. auto: draft_len "auto" (`ssd_jax.engine.ssd_auto`):
+    switch to plain decoding once SSD measures slower, and remember the verdict under
+    verdict_key (None: not remembered).
     """
     b = batch.batch_size
     resolved = fallback if fallback != "auto" else ("ngram" if b >= AUTO_NGRAM_BATCH else "jit")
@@ -330,7 +344,7 @@ def generate_ssd(
     estimator = FanoutEstimator(fanout, num_draft_tokens, fanout_budget, plan.vocab, fanout_acceptance,
                                 fanout_exponent)
     decode = _Decode(target, draft, batch, max_new_tokens, sampling, key, plan, estimator, target_devices,
-                     draft_devices, stream, sync_timing, auto=auto)
+                     draft_devices, stream, sync_timing, auto=auto, verdict_key=verdict_key)
     start = time.perf_counter()
     try:
         decode.start()

@@ -7,8 +7,12 @@ emitted per running row to decayed sums; once MIN_STEPS steps ran, if
 
     seconds per token of SSD  >  seconds per token of plain decoding
 
-the loop finishes the call with `ssd_steps.target_plain` (jitted chunks of PLAIN_CHUNK target
-steps, streamed chunk by chunk). The plain step's time is measured on that very program, once per
+the loop finishes the call with `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target
+steps when streaming (streamed chunk by chunk), else one program for the rest of the call.
+The verdict is remembered per (pair, method, sampling, shapes): once a call measured SSD slower,
+`ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no draft work
+at all), all but every PROBE_EVERY-th, which runs SSD again and renews the verdict (the
+machine's load, the prompts or the pair's acceptance may have changed). The plain step's time is measured on that very program, once per
 program key and process: one chunk run on copies of the state after prefill (three runs, the
 first compiling; the best).
 The switch uses only timings and past steps, never a step's target probabilities, so the output
@@ -30,7 +34,9 @@ from ssd_jax.engine.adaptive import Recent
 PLAIN_CHUNK = 16
 MIN_STEPS = 3
 DECAY = 0.7
+PROBE_EVERY = 8
 _PLAIN_STEP_S = Recent()
+_VERDICTS = Recent()   # program key -> (SSD slower, calls started plain since the last SSD call)
 _LOCK = threading.Lock()
 
 
@@ -71,3 +77,26 @@ def plain_step_seconds(key, run_chunk, state) -> float:
     with _LOCK:
         _PLAIN_STEP_S.store(key, best)
     return best
+
+
+def starts_plain(key) -> bool:
+    """Whether a call of the program `key` decodes plainly from the start: the last call that ran
+    SSD measured it slower, and this is not a probe (every PROBE_EVERY-th call runs SSD)."""
+    with _LOCK:
+        verdict = _VERDICTS.lookup(key)
+        if verdict is None or not verdict[0] or verdict[1] + 1 >= PROBE_EVERY:
+            return False
+        _VERDICTS.store(key, (True, verdict[1] + 1))
+        return True
+
+
+def remember(key, slower: bool) -> None:
+    """The verdict of a call that ran SSD long enough to judge (see `starts_plain`)."""
+    with _LOCK:
+        _VERDICTS.store(key, (bool(slower), 0))
+
+
+def forget() -> None:
+    """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
+    with _LOCK:
+        _VERDICTS.clear()
