@@ -159,8 +159,8 @@ def generate(
             return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
         # "auto" remembers that SSD was slower than plain decoding for this program: AR's loop.
         out = _generate_sync(AR(), target, None, batch, int(max_new_tokens), sampling, key, stream)
-        out.stats.update(adaptive=True, planned_draft_len=None, switched_to_plain_at_step=0, ssd_steps=0,
-                         ar_fallback_share=1.0, plain_from_start=True)
+        out.stats.update(adaptive=True, planned_draft_len=0, mean_draft_len=0.0, switched_to_plain_at_step=0,
+                         ssd_steps=0, ar_fallback_share=1.0, plain_from_start=True)
         return out
     return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
 

@@ -75,6 +75,8 @@ SLOW = {
     "test_ssd.py::test_four_devices_groups_of_two": None,
     "test_ssd.py::test_embedded_pair_greedy_equals_autoregressive": None,
     "test_ssd.py::test_sampled_law_with_top_k": None,
+    "test_pallas_attention.py::test_greedy_decoding_through_the_kernel_equals_the_reference": {"sd"},
+    "test_ssd.py::test_auto_remembers_that_ssd_was_slower": {"True"},
 }
 
 
