@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.decode import check_models, check_positions
-from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine import ssd_auto
+from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS
 from ssd_jax.engine.decoder import decode_arrays, split_cascade
 from ssd_jax.engine.output import GenerateOutput, generate_output

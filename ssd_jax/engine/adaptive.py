@@ -226,8 +226,9 @@ DETERMINISTIC_ENV = "SSD_JAX_DETERMINISTIC_AUTO"
 def timings_allowed() -> bool:
     """False when the environment sets SSD_JAX_DETERMINISTIC_AUTO=1: "auto" then decides from the
     fixed relative costs UNMEASURED instead of timings, and from the prior acceptance instead of
-    the remembered one, so a call gives the same tokens on every run and machine (with sampling, timings otherwise steer the lengths, hence which random draws
-    are used; the law is the target's either way) and no time goes to measuring. The test suite
+    the remembered one, so a call gives the same tokens on every run and machine (with sampling,
+    timings otherwise steer the lengths, hence which random draws are used; the law is the
+    target's either way) and no time goes to measuring. The test suite
     runs this way, but for the tests of the measurements."""
     return os.environ.get(DETERMINISTIC_ENV, "") != "1"
 

@@ -188,10 +188,11 @@ class _Decode:
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)
 
-    def run_plain(self, state, cur, step: int):
-        """One chunk of plain decoding (`ssd_steps.target_plain`): (state, emitted, appended, done, cur)."""
-        return self.run("ssd_target_plain", self.plain, self.tgroup, self.tparams, state, cur, np.int32(step),
-                        donate=(1,))
+    def run_plain(self, state, cur, step: int, rest: bool = False):
+        """Plain decoding (`ssd_steps.target_plain`), one chunk or (rest) up to the end of the
+        call: (state, emitted, appended, done, cur)."""
+        name, program = ("ssd_target_plain_rest", self.plain_rest) if rest else ("ssd_target_plain", self.plain)
+        return self.run(name, program, self.tgroup, self.tparams, state, cur, np.int32(step), donate=(1,))
 
     def finish_plain(self, cur: np.ndarray) -> None:
         """Decodes the rest of the call plainly: chunk by chunk when streaming (streamed per
@@ -199,12 +200,8 @@ class _Decode:
         self.switched_at = self.tally.steps
         step = self.step
         while not self.done.all():
-            if self.stream is not None:
-                self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step)
-            else:
-                self.tstate, emitted, appended, done, cur = self.run(
-                    "ssd_target_plain_rest", self.plain_rest, self.tgroup, self.tparams, self.tstate, cur,
-                    np.int32(step), donate=(1,))
+            self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step,
+                                                                       rest=self.stream is None)
             appended = np.asarray(appended)
             if self.stream is not None:
                 self.stream(np.asarray(emitted), appended)

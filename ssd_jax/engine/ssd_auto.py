@@ -12,9 +12,9 @@ steps when streaming (streamed chunk by chunk), else one program for the rest of
 The verdict is remembered per (pair, method, sampling, shapes): once a call measured SSD slower,
 `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no draft work
 at all), all but every PROBE_EVERY-th, which runs SSD again and renews the verdict (the
-machine's load, the prompts or the pair's acceptance may have changed). The plain step's time is measured on that very program, once per
-program key and process: one chunk run on copies of the state after prefill (three runs, the
-first compiling; the best).
+machine's load, the prompts or the pair's acceptance may have changed). The plain step's time
+is measured on that very program, once per program key and process: one chunk run on copies of
+the state after prefill (three runs, the first compiling; the best).
 The switch uses only timings and past steps, never a step's target probabilities, so the output
 law stays the target's.
 """
