@@ -189,7 +189,7 @@ def part_methods(args) -> list[dict]:
     from benchmarks.heldout_prompts import heldout_prompts
     from benchmarks.spec_harness import label, run_configs
 
-    target, draft = ssd_jax.default_models()
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the README's GPU tables
     prompts = heldout_prompts(target.tokenizer, count=args.prompts)
     rows = []
     for temperature in (0.0, 1.0):
@@ -297,7 +297,7 @@ def part_policy(args) -> list[dict]:
 
     platform = backend.default_platform()
     original = backend.POLICIES[platform]
-    target, draft = ssd_jax.default_models()
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the README's GPU tables
     prompts = heldout_prompts(target.tokenizer, count=max(2, args.prompts // 2))
     big = random_model(llama_shape("1B", args.quick), jnp.dtype(args.dtype))
     configs = [("ar", {}), ("sd", {}), ("logitspec", {"tree_capacity": 16}), ("csd", {})]

@@ -35,6 +35,8 @@ from benchmarks.spec_harness import run_configs  # noqa: E402
 from ssd_jax.engine import adaptive, ssd_auto  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+# Per-call stats kept for every configuration (means over the set's calls; 0 where a method has none).
+EXTRA = ("ar_fallback_share", "mean_draft_len", "planned_draft_len", "num_paths", "tree_nodes")
 
 
 def noise_prompts(tokenizer, count: int, prompt_tokens: int, seed: int = 0) -> list[list[int]]:
@@ -110,13 +112,11 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--draft-model", default="draft", choices=("draft", "draft_small"))
+    parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
     parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"))
     args = parser.parse_args()
 
-    target, draft = ssd_jax.default_models()
-    if args.draft_model == "draft_small":
-        draft = ssd_jax.defaults.default_small_draft()
+    target, draft = ssd_jax.default_models(draft=args.draft_model)
     default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)
     thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else [default_threshold]
     lengths = [int(n) for n in args.lengths.split(",") if n]
@@ -131,12 +131,12 @@ def main() -> None:
                 cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,
-                                   extra=("ar_fallback_share", "mean_draft_len", "planned_draft_len"))
+                                   extra=EXTRA)
                 calls = -(-len(prompts) // batch_size)
                 ar_rate = rows[0]["tokens_per_second"]
                 entries = []
                 for (lab, _, _), row in zip(cases, rows):
-                    for name in ("ar_fallback_share", "mean_draft_len", "planned_draft_len"):
+                    for name in EXTRA:
                         row[name] = row.get(name, 0.0) / calls   # per-call means
                     entries.append(dict(label=lab, speedup_vs_ar=row["tokens_per_second"] / ar_rate, **row))
                 fixed = [e for e in entries if " L=" in e["label"]]   # every fixed setting
@@ -149,10 +149,12 @@ def main() -> None:
                             if best else None)
                 results.append(case)
                 print(f"\n{set_name} T={temperature:g} B={batch_size}")
-                print(format_table(["config", "tok/s", "x AR", "tokens/call", "mean L", "AR share", "plan L"],
+                print(format_table(["config", "tok/s", "x AR", "tokens/call", "mean L", "AR share", "plan L", "paths",
+                                    "nodes"],
                                    [[e["label"], f"{e['tokens_per_second']:.0f}", f"{e['speedup_vs_ar']:.2f}",
                                      f"{e['block_efficiency']:.2f}", f"{e['mean_draft_len']:.2f}",
-                                     f"{e['ar_fallback_share']:.2f}", f"{e['planned_draft_len']:.1f}"]
+                                     f"{e['ar_fallback_share']:.2f}", f"{e['planned_draft_len']:.1f}",
+                                     f"{e['num_paths']:.1f}", f"{e['tree_nodes']:.0f}"]
                                     for e in entries]))
                 write_json(args.out + ".json", dict(machine=machine_info(), method=args.method,
                                                    draft_model=args.draft_model, new_tokens=args.new_tokens,

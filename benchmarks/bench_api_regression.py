@@ -39,7 +39,7 @@ new_tokens = int(sys.argv[2])
 count = int(sys.argv[3])
 import jax, ssd_jax
 from benchmarks.heldout_prompts import heldout_prompts
-target, draft = ssd_jax.default_models(**({} if api == "old" else {"dtype": "float32"}))
+target, draft = ssd_jax.default_models(**({} if api == "old" else {"dtype": "float32", "draft": "draft"}))
 prompts = heldout_prompts(target.tokenizer, count)
 OLD = {"logitspec": dict(tree_capacity=64)}
 NEW = {"logitspec": dict(tree_size=64)}

@@ -196,14 +196,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.prompts, args.new_tokens, args.repeats = 4, 32, 1
     info = machine_info()
-    target, draft = ssd_jax.default_models()
-    drafters = [draft]
-    try:
-        from ssd_jax.defaults import default_small_draft
-
-        drafters.append(default_small_draft())
-    except (ImportError, ssd_jax.CheckpointError) as err:
-        print(f"draft_small unavailable ({err}); running the one-drafter cascades only", flush=True)
+    target, draft = ssd_jax.default_models(draft="draft")
+    drafters = [draft, ssd_jax.defaults.shipped_draft("draft_small")]
     models = [target] + drafters
     prompts = heldout_prompts(target.tokenizer, args.prompts)
     runs = []

@@ -56,8 +56,8 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(RESULTS, "default_draft"))
     args = parser.parse_args()
 
-    target, draft = ssd_jax.default_models()
-    drafts = dict(draft=draft, draft_small=ssd_jax.defaults.default_small_draft())
+    target = ssd_jax.default_models()[0]
+    drafts = {name: ssd_jax.defaults.shipped_draft(name) for name in ("draft", "draft_small")}
     results = []
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)

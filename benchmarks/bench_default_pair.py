@@ -4,7 +4,7 @@
 - draft/target agreement per token: at temperature 0 the argmax match rate, at temperature 1
   alpha = E[sum_x min(p, q)] (the expected token-level acceptance);
 - measured acceptance of `method="sd"` (L=5) on held-out prompts at temperature 0 and 1.
-Writes benchmarks/results/default_pair_quality.json.
+Writes benchmarks/results/default_pair_quality.json (`--draft draft_small`: ..._draft_small.json).
 """
 
 from __future__ import annotations
@@ -32,9 +32,11 @@ def main(argv=None) -> int:
     parser.add_argument("--windows", type=int, default=64, help="held-out windows of 256 tokens")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--draft", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"),
+                        help="which shipped draft (default: the one default_models() returns)")
     args = parser.parse_args(argv)
     info = machine_info()
-    target, draft = ssd_jax.default_models()
+    target, draft = ssd_jax.default_models(draft=args.draft)
     corpus = collect_corpus()
     eos = target.config.eos_token_ids[0]
     tokens = tokenize_files(target.tokenizer, corpus.heldout, eos)
@@ -72,7 +74,8 @@ def main(argv=None) -> int:
                   target=dict(path=target.path, num_params=target.config.num_params),
                   draft=dict(path=draft.path, num_params=draft.config.num_params),
                   prompts=len(prompts), new_tokens=args.new_tokens, quality=quality)
-    path = write_json(os.path.join(RESULTS_DIR, "default_pair_quality.json"), result)
+    name = "default_pair_quality" + ("" if args.draft == "draft" else f"_{args.draft}")
+    path = write_json(os.path.join(RESULTS_DIR, f"{name}.json"), result)
     print(format_table(["measure", "value"], [[k, round(v, 4) if isinstance(v, float) else v]
                                               for k, v in quality.items()]))
     print(f"wrote {path}")

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts  # noqa: E402
-from ssd_jax.defaults import default_small_draft  # noqa: E402
+from ssd_jax.defaults import shipped_draft  # noqa: E402
 from ssd_jax.models.kv_cache import init_cache  # noqa: E402
 from ssd_jax.models.transformer import forward_cached, forward_full  # noqa: E402
 from ssd_jax.train.corpus import collect_corpus  # noqa: E402
@@ -74,8 +74,8 @@ def argmax_agreement(models: dict, pairs, windows) -> dict:
 
 def main() -> int:
     info = machine_info()
-    target, draft = ssd_jax.default_models()
-    draft_small = default_small_draft()
+    target, draft = ssd_jax.default_models(draft="draft")
+    draft_small = shipped_draft("draft_small")
     models = dict(target=target, draft=draft, draft_small=draft_small)
     rows, results = [], []
     for new_tokens in (1, 6):

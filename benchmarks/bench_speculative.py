@@ -138,11 +138,7 @@ def main(argv=None) -> int:
     if args.sweep or args.batch_size > 1:
         args.no_transformers = True  # transformers' assisted generation supports batch size 1 only
     info = machine_info()
-    target, draft = ssd_jax.default_models()
-    if args.draft_model == "draft_small":
-        from ssd_jax.defaults import default_small_draft
-
-        draft = default_small_draft()
+    target, draft = ssd_jax.default_models(draft=args.draft_model)
     prompts = heldout_prompts(target.tokenizer, args.prompts)
     runs = []
     configs = [(m, o) for m, o in configurations(args.quick, args.sweep)

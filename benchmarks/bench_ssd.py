@@ -193,7 +193,7 @@ def worker(setup: str, quick: bool, prompts_count: int, new_tokens: int) -> dict
     from benchmarks.spec_harness import run_config
 
     info = machine_info()
-    target, draft = ssd_jax.default_models()
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft the README's SSD tables used
     prompts = heldout_prompts(target.tokenizer, prompts_count)
     runs = []
     two = len(jax.devices()) > 1

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.decoder import DecodeOutput, decode_arrays, split_cascade
 from ssd_jax.engine.prompts import row_keys
 from ssd_jax.errors import InputError
@@ -154,7 +155,6 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     with the same key, the tokens equal `generate`'s.
     """
     method = as_method(method)
-    method = for_target(method, target) if isinstance(target, Model) else method
     if isinstance(method, SSD):
         raise InputError("method SSD is host-driven across two device groups and cannot run inside decode; "
                          "use ssd_jax.generate(target, prompts, method=SSD(...), draft=...)")
@@ -168,6 +168,9 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
     if tokens.ndim != 2 or tokens.shape[1] < 1 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise InputError(f"tokens must be integers [batch, length >= 1], got shape {tokens.shape} {tokens.dtype}")
+    # A traced decode cannot time anything: "auto" shapes from what this process already measured.
+    method = for_target(shaped(method, target, draft, sampling, tokens.shape[0], tokens.shape[1] + max_new // 2,
+                               measure=False), target)
     if lengths.shape != tokens.shape[:1] or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise InputError(f"lengths must be integers [{tokens.shape[0]}] (one per row of tokens), "
                          f"got shape {lengths.shape} {lengths.dtype}")

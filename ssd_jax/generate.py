@@ -14,6 +14,7 @@ import numpy as np
 
 from ssd_jax.decode import check_models, check_positions
 from ssd_jax.engine import ssd_auto
+from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS
 from ssd_jax.engine.decoder import decode_arrays, split_cascade
@@ -144,7 +145,6 @@ def generate(
     if old_options:
         raise _old_options_error(method, old_options)
     method = as_method(method)
-    method = for_target(method, target) if isinstance(target, Model) else method
     if not isinstance(target, Model):
         return check_models(method, target, draft, SamplingParams())  # raises, naming the problem
     if stream is not None and not callable(stream):
@@ -152,6 +152,8 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     batch = prepare_prompts(prompt_ids, target.config, max_new_tokens)
     draft = check_models(method, target, draft, sampling)
+    method = for_target(shaped(method, target, draft, sampling, batch.batch_size,
+                               batch.max_length + int(max_new_tokens) // 2), target)
     check_positions(method, target, draft, sampling, batch.max_length, int(max_new_tokens))
     if isinstance(method, SSD):
         verdict = _ssd_verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))

@@ -43,11 +43,15 @@ DEFAULTS: dict[str, dict] = {
     "ar": {},
     "sd": dict(_ADAPTIVE),
     "bv": dict(_ADAPTIVE),
-    "specinfer": dict(_ADAPTIVE, paths=2),
-    "spectr": dict(_ADAPTIVE, paths=2),
-    "gbv": dict(_ADAPTIVE, paths=2),
+    # paths None: chosen per call under "auto" (`ssd_jax.engine.auto_shape`: 1, 2 or 4 from the
+    # measured costs and acceptance; 1 at temperature 0), FIXED_PATHS with a fixed draft_len.
+    "specinfer": dict(_ADAPTIVE, paths=None),
+    "spectr": dict(_ADAPTIVE, paths=None),
+    "gbv": dict(_ADAPTIVE, paths=None),
     "pld": dict(draft_len=AUTO, min_ngram=1, max_ngram=3, max_draft_len=8),
-    # tree_size None: the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
+    # tree_size None: under "auto" the largest of 8/16/32/64 nodes whose target forward costs at
+    # most 1.1x one token's, measured (`ssd_jax.engine.auto_shape`); otherwise, and where nothing
+    # is measured, the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=AUTO),
     "ssd": dict(draft_len=AUTO, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
@@ -56,6 +60,7 @@ DEFAULTS: dict[str, dict] = {
 # `generate` and `decode` default to AR (no draft needed); the `ssd-jax` command loads the
 # embedded pair and defaults to SD to show speculation.
 DEFAULT_METHOD = "ar"
+FIXED_PATHS = 2
 CLI_DEFAULT_METHOD = "sd"
 FANOUTS = ("geometric", "uniform")
 FALLBACKS = ("jit", "ngram", "auto")
@@ -245,14 +250,17 @@ class BV(_SinglePath):
 
 @dataclasses.dataclass(frozen=True)
 class _MultiPath(_Adaptive):
-    """Under "auto" the K paths of a row share one length, chosen before drafting (cost model);
-    no early stop inside a step: stopping on what the paths drafted breaks GBV's exactness."""
+    """paths: K i.i.d. draft paths per row (None: chosen per call under "auto", 1, 2 or 4 from
+    measured costs and acceptance, see `ssd_jax.engine.auto_shape`; FIXED_PATHS with a fixed
+    draft_len). Under "auto" the K paths of a row share one length, chosen before drafting (cost
+    model); no early stop inside a step: stopping on what the paths drafted breaks GBV's
+    exactness."""
 
     draft_len: int | str = AUTO
-    paths: int = 2
+    paths: int | None = None
     max_draft_len: int = 8
     threshold: float | None = None
-    RULES: ClassVar[dict] = dict(_ADAPTIVE_RULES, paths=positive_int)
+    RULES: ClassVar[dict] = dict(_ADAPTIVE_RULES, paths=_optional(positive_int))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,7 +271,7 @@ class SpecInfer(_MultiPath):
     draft_len: int | str = _d("specinfer", "draft_len")
     max_draft_len: int = _d("specinfer", "max_draft_len")
     threshold: float | None = _d("specinfer", "threshold")
-    paths: int = _d("specinfer", "paths")
+    paths: int | None = _d("specinfer", "paths")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -274,7 +282,7 @@ class SpecTr(_MultiPath):
     draft_len: int | str = _d("spectr", "draft_len")
     max_draft_len: int = _d("spectr", "max_draft_len")
     threshold: float | None = _d("spectr", "threshold")
-    paths: int = _d("spectr", "paths")
+    paths: int | None = _d("spectr", "paths")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +293,7 @@ class GBV(_MultiPath):
     draft_len: int | str = _d("gbv", "draft_len")
     max_draft_len: int = _d("gbv", "max_draft_len")
     threshold: float | None = _d("gbv", "threshold")
-    paths: int = _d("gbv", "paths")
+    paths: int | None = _d("gbv", "paths")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,8 +318,10 @@ class PLD(_AutoLength):
 @dataclasses.dataclass(frozen=True)
 class LogitSpec(_AutoLength):
     """Retrieval for the root and the last logit's top-k next-next guesses, a token tree of at
-    most tree_size nodes (root included; None: the backend policy's size for the target's
-    platform, filled in by `for_target`); draft_len: the root's retrieved branch ("auto": chosen
+    most tree_size nodes (root included; None: under "auto" sized from the measured cost of
+    wide target forwards, `ssd_jax.engine.auto_shape`, else the backend policy's size for the
+    target's platform, filled in by `for_target`); topk: the most next-next candidates (as many
+    as the tree's nodes hold are used); draft_len: the root's retrieved branch ("auto": chosen
     per call, at most max_draft_len and tree_size - 2, and plain decoding while the tree does not
     pay)."""
 
@@ -400,12 +410,15 @@ SYNCHRONOUS = tuple(name for name in METHODS if name != "ssd")
 
 
 def for_target(method: Method, target) -> Method:
-    """The method with its backend-dependent defaults (fields left None that the backend policy
-    fills: LogitSpec's tree_size) set for the platform the target lives on."""
+    """The method with the shape fields still None set: LogitSpec's tree_size to the backend
+    policy's for the platform the target lives on, the multi-path methods' paths to FIXED_PATHS.
+    (`generate` and `decode` first let "auto" choose them, `ssd_jax.engine.auto_shape.shaped`.)"""
     if isinstance(method, LogitSpec) and method.tree_size is None:
         from ssd_jax.backend import policy_for
 
         return dataclasses.replace(method, tree_size=policy_for(target).logitspec_tree_size)
+    if isinstance(method, _MultiPath) and method.paths is None:
+        return dataclasses.replace(method, paths=FIXED_PATHS)
     return method
 
 

@@ -133,14 +133,8 @@ def test_drafters_equal_to_the_target_get_every_draft_token_accepted(models):
 
 
 def test_embedded_models_greedy_equals_autoregressive():
-    target, draft = ssd_jax.default_models()
-    drafts = [draft]
-    try:
-        from ssd_jax.defaults import default_small_draft
-
-        drafts.append(default_small_draft())
-    except (ImportError, ssd_jax.CheckpointError):
-        pass
+    target, draft = ssd_jax.default_models(draft="draft")
+    drafts = [draft, ssd_jax.defaults.shipped_draft("draft_small")]
     text = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\ndef "
     prompts = [target.tokenizer.encode(text).ids, target.tokenizer.encode("import os\nimport sys\n").ids]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=32)

@@ -1,4 +1,4 @@
-"""The embedded default models (target, draft, draft_small): load, agree with transformers,
+"""The embedded default models (target, draft_small, draft): load, agree with transformers,
 generate; the main-job CLI."""
 
 from __future__ import annotations
@@ -15,37 +15,56 @@ from transformers import AutoModelForCausalLM
 
 import ssd_jax
 from ssd_jax import defaults
-from ssd_jax.defaults import DRAFT_SMALL_DIR, default_model_dirs, default_small_draft
-from ssd_jax.errors import CheckpointError
+from ssd_jax.defaults import DRAFT_DIR, DRAFT_SMALL_DIR, default_model_dirs, default_small_draft, shipped_draft
+from ssd_jax.errors import CheckpointError, InputError
 from ssd_jax.train.presets import PRESETS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return ssd_jax.default_models()
+def target():
+    return ssd_jax.default_models()[0]
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """The two-layer shipped draft (`default_models(draft="draft")`'s)."""
+    return shipped_draft("draft")
 
 
 @pytest.fixture(scope="module")
 def small():
-    return default_small_draft()
+    """draft_small, the draft `default_models()` returns."""
+    return ssd_jax.default_models()[1]
 
 
-def test_pair_shapes_sizes_and_tokenizer(pair):
-    target, draft = pair
+def test_default_pair_is_the_target_with_draft_small(target, small):
+    assert target.path == default_model_dirs()[0]
+    assert small.path == default_model_dirs()[1] == DRAFT_SMALL_DIR
+    other_target, other = ssd_jax.default_models(draft="draft")
+    assert other.path == DRAFT_DIR == default_model_dirs("draft")[1] and other_target.path == target.path
+    assert default_small_draft().path == DRAFT_SMALL_DIR
+
+
+def test_unknown_shipped_draft_is_an_input_error():
+    with pytest.raises(InputError, match="draft must be one of.*'draft_large'"):
+        ssd_jax.default_models(draft="draft_large")
+    with pytest.raises(InputError, match="'tiny'"):
+        shipped_draft("tiny")
+
+
+def test_shapes_sizes_and_tokenizer(target, draft):
     assert target.config.model_type == draft.config.model_type == "llama"
     assert target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
     assert target.config.vocab_size == draft.config.vocab_size == target.tokenizer.get_vocab_size()
-    assert target.path == default_model_dirs()[0] and draft.path == default_model_dirs()[1]
     assert draft.config.num_params * 8 < target.config.num_params
-    directories = (*default_model_dirs(), DRAFT_SMALL_DIR)
+    directories = (default_model_dirs()[0], DRAFT_DIR, DRAFT_SMALL_DIR)
     shipped = sum(os.path.getsize(os.path.join(d, f)) for d in directories for f in os.listdir(d))
-    assert shipped < 50 * 2**20
+    assert shipped < 30 * 2**20
 
 
-def test_small_draft_shape_size_and_tokenizer(pair, small):
-    target, draft = pair
+def test_small_draft_shape_size_and_tokenizer(target, draft, small):
     assert small.path == DRAFT_SMALL_DIR and small.config.model_type == "llama"
     assert small.tokenizer.get_vocab() == target.tokenizer.get_vocab()
     assert small.config.vocab_size == target.config.vocab_size
@@ -73,10 +92,9 @@ def _heldout_windows(tokenizer, eos):
     return eval_batches(tokenize_files(tokenizer, heldout[:8], eos), 8, 256, 1)[0][:, :-1]
 
 
-def test_drafts_agree_with_the_target_on_heldout_text(pair, small):
+def test_drafts_agree_with_the_target_on_heldout_text(target, draft, small):
     """Greedy (argmax) agreement with the target on 8 held-out windows of 256 tokens: measured
     0.672 for the draft and 0.667 for draft_small; the floors leave about 8 points of margin."""
-    target, draft = pair
     windows = _heldout_windows(target.tokenizer, target.config.eos_token_ids[0])
     reference = np.asarray(ssd_jax.forward(target, windows)).argmax(-1)
     agreement = {name: float((np.asarray(ssd_jax.forward(m, windows)).argmax(-1) == reference).mean())
@@ -86,9 +104,9 @@ def test_drafts_agree_with_the_target_on_heldout_text(pair, small):
 
 
 @pytest.mark.parametrize("which", [0, 1, 2])
-def test_transformers_loads_the_shipped_directories_with_our_logits(pair, small, which):
-    model = (*pair, small)[which]
-    directory = (*default_model_dirs(), DRAFT_SMALL_DIR)[which]
+def test_transformers_loads_the_shipped_directories_with_our_logits(target, draft, small, which):
+    model = (target, draft, small)[which]
+    directory = (default_model_dirs()[0], DRAFT_DIR, DRAFT_SMALL_DIR)[which]
     reference = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
     tokens = np.array([model.tokenizer.encode("def add(a, b):\n    return a + b\n").ids])
     with torch.no_grad():
@@ -97,19 +115,17 @@ def test_transformers_loads_the_shipped_directories_with_our_logits(pair, small,
     assert np.abs(ours - expected).max() / np.abs(expected).max() < 1e-4
 
 
-def test_pair_generates_python(pair):
-    target, draft = pair
+def test_pair_generates_python(target, small):
     prompt = target.tokenizer.encode("import os\n\n\ndef ").ids
     out = ssd_jax.generate(target, [prompt], max_new_tokens=32)
     text = out.texts(target.tokenizer)[0]
     assert len(out.tokens[0]) > 0 and text.strip()
-    spec = ssd_jax.generate(target, [prompt], max_new_tokens=32, method="sd", draft=draft)
+    spec = ssd_jax.generate(target, [prompt], max_new_tokens=32, method="sd", draft=small)
     assert spec.tokens == out.tokens
     assert spec.stats["acceptance_rate"] > 0.3
 
 
-def test_small_draft_drafts_for_the_target_and_for_the_draft(pair, small):
-    target, draft = pair
+def test_small_draft_drafts_for_the_target_and_for_the_draft(target, draft, small):
     prompt = target.tokenizer.encode("import os\n\n\ndef ").ids
     for model in (target, draft):
         out = ssd_jax.generate(model, [prompt], max_new_tokens=32)

@@ -152,6 +152,13 @@ class AcceptanceMemory:
         with self._lock:
             return self._values.lookup(key, PRIOR_ACCEPTANCE)
 
+    def known(self, key) -> float | None:
+        """The remembered acceptance, None before any call (and under SSD_JAX_DETERMINISTIC_AUTO=1)."""
+        if not timings_allowed():
+            return None
+        with self._lock:
+            return self._values.lookup(key)
+
     def update(self, key, observed: float | None) -> None:
         if observed is None:
             return

@@ -1,0 +1,130 @@
+"""Size- and backend-aware shapes of the tree methods under draft_len="auto": LogitSpec's node
+budget and the multi-path methods' path count, from measured target forwards and acceptance,
+where the user left them None.
+
+LogitSpec: the largest of TREE_SIZES nodes whose target forward costs at most 1 + TREE_TOLERANCE
+times one token's (measured like `adaptive.measure_costs`, per pair, batch, context bucket and
+backend). A wider tree never lowers the tokens a step accepts; what it costs is the forward, so a
+target that verifies 32 tokens in a token's time (a large model on an accelerator) gets 32 nodes
+and the 2-core CPU, where 8 tokens already cost ~1.3x one, gets the smallest.
+
+SpecInfer / SpecTr / GBV: K in PATH_CHOICES maximising the cost model's speedup
+    E(a_K, L) target(1) / (target(K L + 1) + L draft(K rows)),    best L for each K,
+where a_K is the per-position acceptance remembered for K paths, or before any call with K
+paths 1 - (1 - a_1)^(K^PATH_GAIN_EXPONENT). K i.i.d. draws from one draft are far from
+independent guesses (that would be the exponent K); 0.2 fits the embedded pair at T=1, L=5
+(benchmarks/results/speculative_sweep.json: one path's 0.74 per position becomes 0.79 with
+SpecInfer's 2 paths and 0.81 with 3). The loop's counters then report the real a_K, which the
+next call uses. At temperature 0 the K paths are copies of the argmax path, so K = 1.
+
+Nothing here touches exactness: the shapes are fixed before the call's first verification.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+
+from ssd_jax.engine import adaptive
+
+TREE_SIZES = (8, 16, 32, 64)
+TREE_TOLERANCE = 0.10
+PATH_CHOICES = (1, 2, 4)
+PATH_GAIN_EXPONENT = 0.2
+MULTI_PATH = ("specinfer", "spectr", "gbv")
+
+_SECONDS = adaptive.Recent()
+_LOCK = threading.Lock()
+
+
+def forward_seconds(model, batch: int, width: int, context: int, measure: bool = True) -> float | None:
+    """Seconds per forward of `width` tokens at this batch and context bucket, measured once per
+    process (`adaptive._loop_seconds`); None when not known and measure is False (traced calls)
+    or timings are not allowed. Under jax.distributed every process gets process 0's number."""
+    from ssd_jax.engine.autoregressive import loop_params
+
+    if not adaptive.timings_allowed():
+        return None
+    key = (adaptive.pair_key(model, None), batch, adaptive.context_bucket(context), width)
+    with _LOCK:
+        known = _SECONDS.lookup(key)
+    if known is not None or not measure:
+        return known
+    seconds = adaptive._loop_seconds(loop_params(model), model.config, batch, width, adaptive.context_bucket(context))
+    seconds = float(adaptive.agreed(np.asarray([seconds]))[0])
+    with _LOCK:
+        _SECONDS.store(key, seconds)
+    return seconds
+
+
+def tree_size_for(target, batch: int, context: int, measure: bool = True) -> int | None:
+    """LogitSpec's node budget on this target, batch and context (module docstring); None when
+    nothing is measured (the caller keeps the backend policy's)."""
+    one = forward_seconds(target, batch, 1, context, measure)
+    if one is None:
+        return None
+    chosen = TREE_SIZES[0]
+    for size in TREE_SIZES[1:]:
+        seconds = forward_seconds(target, batch, size, context, measure)
+        if seconds is None or seconds > (1 + TREE_TOLERANCE) * one:
+            break
+        chosen = size
+    return chosen
+
+
+def path_acceptance(remembered: dict[int, float | None], paths: int) -> float:
+    """a_K: the acceptance remembered for K paths, else 1 - (1 - a_1)^(K^PATH_GAIN_EXPONENT) from
+    one path's (remembered, or the prior)."""
+    if remembered.get(paths) is not None:
+        return remembered[paths]
+    single = remembered.get(1)
+    single = adaptive.PRIOR_ACCEPTANCE if single is None else single
+    return 1.0 - (1.0 - single) ** (paths ** PATH_GAIN_EXPONENT)
+
+
+def paths_speedup(costs: adaptive.StepCosts, draft_seconds: float, acceptance: float, paths: int,
+                  max_draft_len: int) -> float:
+    """The cost model's best predicted speedup over plain decoding with `paths` paths (draft
+    forwards over paths rows costing draft_seconds each)."""
+    path_costs = dataclasses.replace(costs, draft=draft_seconds)
+    return max(adaptive.predicted_speedup(path_costs, acceptance, n, paths) for n in range(1, max_draft_len + 1))
+
+
+def choose_paths(method, target, draft, sampling, batch: int, context: int, measure: bool = True) -> int:
+    """K for a multi-path method with paths=None under "auto" (module docstring). With
+    measure False (traced calls) only costs this process already measured count; without any,
+    the relative costs `adaptive.UNMEASURED` (draft forwards at K rows as dear as at one)."""
+    if sampling.greedy:
+        return 1
+    width = method.max_draft_len
+    if measure:
+        costs = adaptive.measure_costs(target, draft, batch, context, width)
+    else:
+        costs = adaptive.cached_costs(target, draft, batch, context, width)
+    remembered = {k: adaptive.ACCEPTANCE.known(adaptive.acceptance_key(target, draft, dataclasses.replace(method, paths=k),
+                                                                      sampling))
+                  for k in PATH_CHOICES}
+    speedups = []
+    for k in PATH_CHOICES:
+        rows = forward_seconds(draft, batch * k, 1, context, measure and costs.measured) if k > 1 else None
+        draft_seconds = costs.draft if rows is None else rows
+        speedups.append(paths_speedup(costs, draft_seconds, path_acceptance(remembered, k), k, width))
+    return PATH_CHOICES[int(np.argmax(np.round(speedups, 6)))]
+
+
+def shaped(method, target, draft, sampling, batch: int, context: int, measure: bool = True):
+    """The method with the shape fields left None that "auto" chooses here filled in (LogitSpec's
+    tree_size, the multi-path methods' paths); unchanged for fixed lengths and set fields. What
+    stays None, `ssd_jax.methods.for_target` fills from the backend policy."""
+    if not getattr(method, "adaptive", False):
+        return method
+    if method.name == "logitspec" and method.tree_size is None:
+        size = tree_size_for(target, batch, context, measure)
+        if size is not None:
+            method = dataclasses.replace(method, tree_size=size)
+    if method.name in MULTI_PATH and method.paths is None:
+        method = dataclasses.replace(method, paths=choose_paths(method, target, draft, sampling, batch, context,
+                                                                measure))
+    return method
