@@ -310,6 +310,15 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models):
     assert counters.ar_steps.sum() == 0 and np.all(counters.num_drafted == 2 * counters.num_drafts)
 
 
+def test_lagging_rows_are_the_running_rows_with_fewest_tokens():
+    from ssd_jax.engine.adaptive_loop import lagging_rows
+
+    num_out = np.array([5, 3, 3, 1, 9], np.int32)
+    active = np.array([True, True, True, False, True])
+    assert lagging_rows(num_out, active).tolist() == [False, True, True, False, False]
+    assert not lagging_rows(num_out, np.zeros(5, bool)).any()
+
+
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""
