@@ -250,13 +250,35 @@ def agreed(values: np.ndarray) -> np.ndarray:
     return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(values)))
 
 
+_SECONDS = Recent()
+
+
+def forward_seconds(model, batch: int, width: int, context: int, measure: bool = True) -> float | None:
+    """Seconds per forward of `width` tokens at this batch and context (rounded up to a power of
+    two), measured once per process (`_loop_seconds`); None when timings are not allowed
+    (`timings_allowed`), or not yet measured and measure is False (traced calls). Under
+    jax.distributed every process gets process 0's number."""
+    from ssd_jax.engine.autoregressive import loop_params
+
+    if not timings_allowed():
+        return None
+    key = (_model_key(model), batch, context_bucket(context), width)
+    with _COSTS_LOCK:
+        known = _SECONDS.lookup(key)
+    if known is not None or not measure:
+        return known
+    seconds = _loop_seconds(loop_params(model), model.config, batch, width, context_bucket(context))
+    seconds = float(agreed(np.asarray([seconds]))[0])
+    with _COSTS_LOCK:
+        _SECONDS.store(key, seconds)
+    return seconds
+
+
 def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
     """The pair's StepCosts at this batch and context (rounded up to a power of two), measured
     once per process (target at 1 and max_draft_len + 1 tokens, draft at 1; draft None, for
     retrieval drafting: no draft forwards, draft cost 0); UNMEASURED when timings are not allowed
     (`timings_allowed`). Under jax.distributed every process gets process 0's numbers."""
-    from ssd_jax.engine.autoregressive import loop_params
-
     if not timings_allowed():
         return UNMEASURED
     key = (pair_key(target, draft), batch, context_bucket(context), max_draft_len)
@@ -264,14 +286,11 @@ def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -
         known = _COSTS.lookup(key)
     if known is not None:
         return known
-    context = context_bucket(context)
-    tparams = loop_params(target)
-    one = _loop_seconds(tparams, target.config, batch, 1, context)
-    wide = _loop_seconds(tparams, target.config, batch, max_draft_len + 1, context)
+    one = forward_seconds(target, batch, 1, context)
+    wide = forward_seconds(target, batch, max_draft_len + 1, context)
     per_token = max(wide - one, 0.0) / max_draft_len
-    draft_cost = 0.0 if draft is None else _loop_seconds(loop_params(draft), draft.config, batch, 1, context)
-    fixed, per_token, draft_cost = agreed(np.asarray([max(one - per_token, 1e-9), per_token, draft_cost]))
-    costs = StepCosts(target_fixed=float(fixed), target_per_token=float(per_token), draft=float(draft_cost))
+    draft_cost = 0.0 if draft is None else forward_seconds(draft, batch, 1, context)
+    costs = StepCosts(target_fixed=max(one - per_token, 1e-9), target_per_token=per_token, draft=draft_cost)
     with _COSTS_LOCK:
         _COSTS.store(key, costs)
     return costs

@@ -3,7 +3,7 @@ budget and the multi-path methods' path count, from measured target forwards and
 where the user left them None.
 
 LogitSpec: the largest of TREE_SIZES nodes whose target forward costs at most 1 + TREE_TOLERANCE
-times one token's (measured like `adaptive.measure_costs`, per pair, batch, context bucket and
+times one token's (`adaptive.forward_seconds`, per model, batch, context bucket and
 backend). A wider tree never lowers the tokens a step accepts; what it costs is the forward, so a
 target that verifies 32 tokens in a token's time (a large model on an accelerator) gets 32 nodes
 and the 2-core CPU, where 8 tokens already cost ~1.3x one, gets the smallest.
@@ -23,7 +23,6 @@ Nothing here touches exactness: the shapes are fixed before the call's first ver
 from __future__ import annotations
 
 import dataclasses
-import threading
 
 import numpy as np
 
@@ -35,39 +34,15 @@ PATH_CHOICES = (1, 2, 4)
 PATH_GAIN_EXPONENT = 0.2
 MULTI_PATH = ("specinfer", "spectr", "gbv")
 
-_SECONDS = adaptive.Recent()
-_LOCK = threading.Lock()
-
-
-def forward_seconds(model, batch: int, width: int, context: int, measure: bool = True) -> float | None:
-    """Seconds per forward of `width` tokens at this batch and context bucket, measured once per
-    process (`adaptive._loop_seconds`); None when not known and measure is False (traced calls)
-    or timings are not allowed. Under jax.distributed every process gets process 0's number."""
-    from ssd_jax.engine.autoregressive import loop_params
-
-    if not adaptive.timings_allowed():
-        return None
-    key = (adaptive.pair_key(model, None), batch, adaptive.context_bucket(context), width)
-    with _LOCK:
-        known = _SECONDS.lookup(key)
-    if known is not None or not measure:
-        return known
-    seconds = adaptive._loop_seconds(loop_params(model), model.config, batch, width, adaptive.context_bucket(context))
-    seconds = float(adaptive.agreed(np.asarray([seconds]))[0])
-    with _LOCK:
-        _SECONDS.store(key, seconds)
-    return seconds
-
-
 def tree_size_for(target, batch: int, context: int, measure: bool = True) -> int | None:
     """LogitSpec's node budget on this target, batch and context (module docstring); None when
     nothing is measured (the caller keeps the backend policy's)."""
-    one = forward_seconds(target, batch, 1, context, measure)
+    one = adaptive.forward_seconds(target, batch, 1, context, measure)
     if one is None:
         return None
     chosen = TREE_SIZES[0]
     for size in TREE_SIZES[1:]:
-        seconds = forward_seconds(target, batch, size, context, measure)
+        seconds = adaptive.forward_seconds(target, batch, size, context, measure)
         if seconds is None or seconds > (1 + TREE_TOLERANCE) * one:
             break
         chosen = size
@@ -108,7 +83,7 @@ def choose_paths(method, target, draft, sampling, batch: int, context: int, meas
                   for k in PATH_CHOICES}
     speedups = []
     for k in PATH_CHOICES:
-        rows = forward_seconds(draft, batch * k, 1, context, measure and costs.measured) if k > 1 else None
+        rows = adaptive.forward_seconds(draft, batch * k, 1, context, measure and costs.measured) if k > 1 else None
         draft_seconds = costs.draft if rows is None else rows
         speedups.append(paths_speedup(costs, draft_seconds, path_acceptance(remembered, k), k, width))
     return PATH_CHOICES[int(np.argmax(np.round(speedups, 6)))]
