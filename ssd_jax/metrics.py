@@ -7,8 +7,9 @@ num_accepted_tokens: draft tokens accepted; accepted_per_position[i]: drafts who
 accepted; acceptance_rate = accepted / drafted; mean_acceptance_length = 1 + accepted / num_drafts
 (counts the bonus token); block_efficiency = generated tokens / target calls (per row, summed).
 Adaptive speculation adds num_rejected (drafts that ended in a rejection: the acceptance model's
-evidence), ar_steps (loop steps that fell back to plain decoding), mean_draft_len and
-ar_fallback_share (ar_steps / decode steps).
+evidence), ar_steps (loop steps that fell back to plain decoding), draft_forwards (the draft
+forwards the loop ran after each step's catch-up, the batch's: a step drafts until its last row
+stops), mean_draft_len and ar_fallback_share (ar_steps / decode steps).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from flax import struct
 @struct.dataclass
 class SpecCounters:
     """num_drafts int32 [B]; num_drafted int32 [B]; num_accepted int32 [B]; per_position int32 [B, L];
-    target_calls int32 []; num_rejected int32 [B]; ar_steps int32 [B]."""
+    target_calls int32 []; num_rejected int32 [B]; ar_steps int32 [B]; draft_forwards int32 []."""
 
     num_drafts: jax.Array
     num_drafted: jax.Array
@@ -31,6 +32,7 @@ class SpecCounters:
     target_calls: jax.Array
     num_rejected: jax.Array
     ar_steps: jax.Array
+    draft_forwards: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, num_draft_tokens: int) -> "SpecCounters":
@@ -38,12 +40,13 @@ class SpecCounters:
                    num_accepted=jnp.zeros((batch,), jnp.int32),
                    per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
                    target_calls=jnp.ones((), jnp.int32), num_rejected=jnp.zeros((batch,), jnp.int32),
-                   ar_steps=jnp.zeros((batch,), jnp.int32))
+                   ar_steps=jnp.zeros((batch,), jnp.int32), draft_forwards=jnp.zeros((), jnp.int32))
 
-    def record(self, active: jax.Array, num_accepted: jax.Array, num_drafted: jax.Array | None = None
-               ) -> "SpecCounters":
+    def record(self, active: jax.Array, num_accepted: jax.Array, num_drafted: jax.Array | None = None,
+               draft_forwards: jax.Array | None = None) -> "SpecCounters":
         """One verification step: active bool [B] rows took part; num_accepted int32 [B];
-        num_drafted int32 [B] tokens proposed (default: L, the width of per_position)."""
+        num_drafted int32 [B] tokens proposed (default: L, the width of per_position);
+        draft_forwards int32 []: the step's draft forwards after its catch-up (None: not counted)."""
         length = self.per_position.shape[1]
         act = active.astype(jnp.int32)
         drafted = jnp.full_like(act, length) if num_drafted is None else num_drafted.astype(jnp.int32)
@@ -52,7 +55,8 @@ class SpecCounters:
         return self.replace(num_drafts=self.num_drafts + act, num_drafted=self.num_drafted + drafted * act,
                             num_accepted=self.num_accepted + num_accepted * act,
                             per_position=self.per_position + positions, target_calls=self.target_calls + 1,
-                            num_rejected=self.num_rejected + rejected)
+                            num_rejected=self.num_rejected + rejected,
+                            draft_forwards=self.draft_forwards + (0 if draft_forwards is None else draft_forwards.astype(jnp.int32)))
 
     def record_ar_step(self, active: jax.Array) -> "SpecCounters":
         """One loop step that fell back to plain decoding (a target call, no draft) for the

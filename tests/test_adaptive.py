@@ -219,6 +219,7 @@ def tiny_models():
 
 @pytest.mark.parametrize("method, costs, draft_len", [
     (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE, 2),
+    (ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2),
     (ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4),
     (ssd_jax.SD(draft_len="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 4),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
@@ -226,12 +227,18 @@ def tiny_models():
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK, 2),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
-], ids=["sd-early-stop", "sd-early-stop-two-widths", "sd-chosen-caps", "bv-early-stop-then-plain",
+], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "logitspec-then-plain", "csd-then-plain"])
-def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len):
+def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
     """T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
-    picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens."""
+    picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
+    the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap."""
+    if isinstance(costs, str):
+        from ssd_jax.engine.speculative import SpeculativeParts
+
+        monkeypatch.setattr(SpeculativeParts, "scan_caps_from_batch", SAMPLES + 1)
+        costs = ALWAYS_SPECULATE
     target, draft = tiny_models
     draft = draft if method.drafts_with_model else None
     sampling = SamplingParams(temperature=1.0)
@@ -299,7 +306,11 @@ def test_deterministic_auto_decides_without_timings(models, monkeypatch):
 # ------------------------------------------------------------------------------ the cost model
 
 
-def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models):
+@pytest.mark.parametrize("scan_from", [2, 3], ids=["scan-per-cap", "while-loop"])
+def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from, monkeypatch):
+    from ssd_jax.engine.speculative import SpeculativeParts
+
+    monkeypatch.setattr(SpeculativeParts, "scan_caps_from_batch", scan_from)
     target, draft = models
     prompts = [[3, 4, 5, 6], [9, 2]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=30)
@@ -310,13 +321,43 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models):
     assert counters.ar_steps.sum() == 0 and np.all(counters.num_drafted == 2 * counters.num_drafts)
 
 
-def test_lagging_rows_are_the_running_rows_with_fewest_tokens():
-    from ssd_jax.engine.adaptive_loop import lagging_rows
+def test_batch_steps_are_the_slowest_running_rows():
+    """A batch needs the steps of its slowest running row: the renewal count r / E, plus the
+    expected largest of its rows' spreads at batch > 1 (none for one row)."""
+    from ssd_jax.engine.adaptive_loop import batch_steps, expected_largest_normal
 
-    num_out = np.array([5, 3, 3, 1, 9], np.int32)
-    active = np.array([True, True, True, False, True])
-    assert lagging_rows(num_out, active).tolist() == [False, True, True, False, False]
-    assert not lagging_rows(num_out, np.zeros(5, bool)).any()
+    assert float(expected_largest_normal(1)) == pytest.approx(0.0, abs=1e-6)
+    assert float(expected_largest_normal(2)) == pytest.approx(0.59, abs=0.01)
+    assert float(expected_largest_normal(8)) == pytest.approx(1.42, abs=0.02)
+    mean = np.asarray([4.0, 2.0, 1.5], np.float32)
+    sd = np.zeros(3, np.float32)
+    remaining = np.asarray([100, 60, 90], np.int32)
+    assert float(batch_steps(mean, sd, remaining, np.asarray([True, True, False]))) == pytest.approx(30.0)
+    assert float(batch_steps(mean[:1], np.ones(1, np.float32), remaining[:1], np.ones(1, bool))) == \
+        pytest.approx(25.0)
+    spread = float(batch_steps(mean[:2], np.ones(2, np.float32), remaining[:2], np.ones(2, bool)))
+    assert spread == pytest.approx(max(25 + 0.59 * 10 / 8, 30 + 0.59 * np.sqrt(60) / 2 ** 1.5), rel=1e-2)
+    # Per cap (a trailing axis): the slowest row may differ between caps.
+    by_cap = batch_steps(np.asarray([[2.0, 4.0], [1.5, 1.6]], np.float32), np.zeros((2, 2), np.float32),
+                         np.asarray([40, 30], np.int32), np.ones(2, bool))
+    np.testing.assert_allclose(np.asarray(by_cap), [20.0, 18.75], rtol=1e-6)
+
+
+def test_a_slow_row_shortens_the_batch_cap():
+    """With one row that accepts little, a batch's cap is the one that finishes that row soonest,
+    not the mean row's (at batch 8 the mean row's acceptance chose caps that lost 20-30%)."""
+    from ssd_jax.engine.adaptive_loop import batch_steps, tokens_moments
+
+    L = 8
+    cost = 1.0 + 0.3 * np.arange(L)   # a spec step at cap l: 1 + 0.3 (l - 1) AR steps
+    good = np.full(L, 0.9, np.float32)
+    bad = np.full(L, 0.45, np.float32)
+    reached = np.full((2, L), 1e5, np.float32)
+    accepted = np.stack([good, bad]) * reached
+    mean, sd = tokens_moments(reached, accepted, 0.5)
+    fastest_mean_row = int(np.argmax(np.asarray(mean[0]) / cost)) + 1
+    seconds = np.asarray(batch_steps(mean, sd, np.asarray([128, 128]), np.ones(2, bool))) * cost
+    assert int(np.argmin(seconds)) + 1 < fastest_mean_row
 
 
 def test_tokens_per_step_model_matches_enumeration():

@@ -39,7 +39,8 @@ def draft_paths(
     num_draft_tokens: int,
     sampling: SamplingParams,
     target_vocab: int,
-) -> tuple[jax.Array, jax.Array, KVCache]:
+    with_confidence: bool = False,
+) -> tuple[jax.Array, jax.Array, KVCache] | tuple[jax.Array, jax.Array, KVCache, jax.Array]:
     """Drafts num_draft_tokens (L) tokens per path.
 
     cache: draft cache of batch B*K (path k of row b at index b*K + k, all copies holding the
@@ -47,7 +48,8 @@ def draft_paths(
     valid (>= 1; the last valid one is the root of the new paths). keys uint32 [B*K, 2].
     Returns (paths int32 [B*K, L], q float32 [B*K, L, target_vocab] the processed draft
     probabilities each token was sampled from, cache with the chunk and the first L-1 path tokens
-    committed).
+    committed); with_confidence: also float32 [B*K, L], the draft's confidence in each token
+    before drawing it (`confidence`).
     """
     logits, cache = catch_up(params, config, cache, chunk, chunk_len)
 
@@ -61,16 +63,28 @@ def draft_paths(
         logits, cache = carry
         q = probs_of(logits)
         token = draw(q, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i))
-        return extend(params, config, cache, token), (token, q)
+        return extend(params, config, cache, token), (token, q, confidence(logits, q, sampling, target_vocab))
 
-    (logits, cache), (tokens, qs) = jax.lax.scan(
+    (logits, cache), (tokens, qs, sure) = jax.lax.scan(
         step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
     )
     q_last = probs_of(logits)
     last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))
     paths = jnp.concatenate([tokens.T, last[:, None]], axis=1)
     q = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q_last[:, None]], axis=1)
+    if with_confidence:
+        sure = jnp.concatenate([sure.T, confidence(logits, q_last, sampling, target_vocab)[:, None]], axis=1)
+        return paths, q, cache, sure
     return paths, q, cache
+
+
+def confidence(logits: jax.Array, q: jax.Array, sampling: SamplingParams, target_vocab: int) -> jax.Array:
+    """The draft's confidence in its next token, float32 [N], from its logits [N, V] and processed
+    law q [N, target_vocab]: the top of q at temperature > 0, of softmax(logits) at temperature 0
+    (where q is one-hot)."""
+    if not sampling.greedy:
+        return jnp.max(q, axis=-1)
+    return jnp.max(jax.nn.softmax(align_logits(logits, target_vocab).astype(jnp.float32), axis=-1), axis=-1)
 
 
 def draft_path_until_unsure(
@@ -111,8 +125,7 @@ def draft_path_until_unsure(
     def propose(logits, i, going):
         logits = align_logits(logits, target_vocab)
         q = probabilities(logits, sampling)
-        confident = jnp.max(q if not sampling.greedy else jax.nn.softmax(logits.astype(jnp.float32), axis=-1),
-                            axis=-1) >= threshold
+        confident = confidence(logits, q, sampling, target_vocab) >= threshold
         going = going & confident
         draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
         token = jnp.argmax(q, axis=-1).astype(jnp.int32) if sampling.greedy else jax.vmap(sample)(draw_keys, q)

@@ -8,29 +8,34 @@ while they do not, all inside one jitted program (no host round trip).
             most `pending_width` tokens
         the draft reads the tokens it missed (one forward)
 
-The loop keeps, per draft position k, decayed sums of how often a step's draft reached k (R_k)
-and had its k-th token accepted (A_k), averaged over the lagging rows (the running rows with
-the fewest tokens so far: a batch runs until its slowest row is done, so the slowest row's
-tokens per step are the batch's; at batch 8, averaging over every row chose caps of 4-8 where
-only 2 paid, 0.6-1.07x AR, because the mean row emitted 4.6 tokens per step at cap 8 while the
-call took 128 / 51 = 2.5 steps' worth per token); alpha_k = A_k / R_k is the
-acceptance at k given k was reached, and a draft capped at l tokens emits
+The loop keeps, per row and draft position k, decayed sums of how often a step's draft reached
+k (R_k) and had its k-th token accepted (A_k); alpha_k = A_k / R_k is the row's acceptance at k
+given k was reached, and a draft capped at l tokens emits
 
-    E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step.
+    E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step (sd(l) its spread).
 
 With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
 one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`), rho the running share of the cap's
 draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
-c_spec + rho (l - 1) c_draft, and
+c_spec + rho (l - 1) c_draft. A batch runs until its slowest row is done, so a cap is judged by
+the steps the batch still needs, the most any running row needs for its r remaining tokens:
 
-    cap = the longest l with E(l) / cost(l) >= CAP_TOLERANCE max_l E(l) / cost(l) at batch 1,
+    steps(l) = max_rows  r / E(l) + z_B sqrt(r) sd(l) / E(l)^1.5
+
+(the renewal count's mean and its spread; z_B the expected largest of B standard normals, B the
+running rows: 0 for one row). Rows differ: at batch 8 on held-out code one prompt's row needed
+57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
+(4-8) lost to L=2 by 20-30%.
+
+    cap = the longest l with steps(l) cost(l) <= min_l steps(l) cost(l) / CAP_TOLERANCE at batch 1,
           the best l at larger batches (long memory; parts with `takes_cap`, else their static L)
-    pays:  (E(cap) + Z sd(cap) / sqrt(n)) c_ar >= c_spec + rho (cap - 1) c_draft
+    pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
 
-with sd(cap) the spread of a step's tokens under the same model and n the short memory's
-effective number of steps (times the lagging rows): the noise allowance keeps a chance dip of a
-few steps from stopping speculation that pays on average, while a draft that is truly bad (E
-near 1, small spread) falls back after a few steps.
+(at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps), with
+n the row's short memory's effective number of steps: the noise allowance keeps a chance
+dip of a few steps from stopping speculation that pays on average, while a draft that is truly
+bad (E near 1, small spread) falls back after a few steps. At batch 1 these are the ratios
+E(l) / cost(l) against the break-even 1 / c_ar.
 
 The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
 during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
@@ -75,6 +80,9 @@ POOLING = 8.0
 # with the tolerance, 1.05x without; badguess: 0.82x and 1.01x).
 CAP_TOLERANCE = 0.97
 MAX_BACKOFF = 8
+# Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
+# of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
+ROW_POOLING = 4.0
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
 
@@ -98,9 +106,9 @@ NUM_COST_INPUTS = 5
 
 @struct.dataclass
 class AdaptiveState:
-    """decode: the skeleton's DecodeState; reached, accepted float32 [L]: decayed sums over
-    speculative steps of the share of running rows whose draft reached position k / had its k-th
-    token accepted; long_reached, long_accepted: the same with the long memory, over long_steps
+    """decode: the skeleton's DecodeState; reached, accepted float32 [B, L]: decayed sums over
+    speculative steps of whether the row's draft reached position k / had its k-th token
+    accepted; long_reached, long_accepted: the same with the long memory, over long_steps
     float32 [] steps; forward_share float32 []: running average of the draft forwards a step ran
     over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
@@ -125,51 +133,81 @@ class AdaptiveState:
 
 
 def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
-    """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [L], from
-    the per-position sums, each shrunk towards the acceptance pooled over all positions by
-    POOLING steps' worth (no evidence at all: the prior acceptance). Without the pull, a position
-    whose estimate fell low by chance is no longer drafted, so never corrected: the caps would
-    drift short."""
+    """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [..., L],
+    from the per-position sums float32 [..., L] (a row's, or one per row), each shrunk towards
+    the acceptance pooled over all positions by POOLING steps' worth (no evidence at all: the
+    prior acceptance). Without the pull, a position whose estimate fell low by chance is no
+    longer drafted, so never corrected: the caps would drift short."""
     tiny = 1e-6
-    pooled = (jnp.sum(accepted) + tiny * prior) / (jnp.sum(reached) + tiny)
+    pooled = ((jnp.sum(accepted, axis=-1, keepdims=True) + tiny * prior)
+              / (jnp.sum(reached, axis=-1, keepdims=True) + tiny))
     alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
-    return jnp.cumprod(alpha)
+    return jnp.cumprod(alpha, axis=-1)
 
 
 def expected_tokens_by_cap(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
-    """E(l) for l = 1..L, float32 [L]."""
-    return 1 + jnp.cumsum(reach_probabilities(reached, accepted, prior))
+    """E(l) for l = 1..L, float32 [..., L]."""
+    return 1 + jnp.cumsum(reach_probabilities(reached, accepted, prior), axis=-1)
+
+
+def tokens_moments(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(E(l), sd(l)) for l = 1..L, float32 [..., L] each: the mean and spread of the tokens a step
+    capped at l emits, under the per-position model: E = 1 + sum_k P_k,
+    E[T^2] = 1 + sum_k (2k + 1) P_k over k <= l."""
+    p = reach_probabilities(reached, accepted, prior)
+    k = jnp.arange(1, reached.shape[-1] + 1, dtype=jnp.float32)
+    mean = 1 + jnp.cumsum(p, axis=-1)
+    second = 1 + jnp.cumsum((2 * k + 1) * p, axis=-1)
+    return mean, jnp.sqrt(jnp.maximum(second - mean * mean, 0.0))
 
 
 def tokens_mean_and_spread(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
                            cap: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(E, sd) of the tokens a step capped at `cap` emits, under the per-position model:
-    E = 1 + sum_k P_k, E[T^2] = 1 + sum_k (2k + 1) P_k over k <= cap."""
-    k = jnp.arange(1, reached.shape[0] + 1, dtype=jnp.float32)
-    p = jnp.where(k <= cap, reach_probabilities(reached, accepted, prior), 0.0)
-    mean = 1 + jnp.sum(p)
-    second = 1 + jnp.sum((2 * k + 1) * p)
-    return mean, jnp.sqrt(jnp.maximum(second - mean * mean, 0.0))
+    """(E, sd) of the tokens a step capped at `cap` emits, float32 [...] each."""
+    mean, sd = tokens_moments(reached, accepted, prior)
+    return mean[..., cap - 1], sd[..., cap - 1]
 
 
-def lagging_rows(num_out: jax.Array, active: jax.Array) -> jax.Array:
-    """bool [B]: the running rows with the fewest tokens emitted (num_out int32 [B]), the rows
-    the batch waits for."""
-    fewest = jnp.min(jnp.where(active, num_out, jnp.iinfo(jnp.int32).max))
-    return active & (num_out == fewest)
+def expected_largest_normal(count: jax.Array) -> jax.Array:
+    """The expected largest of `count` standard normal draws (Blom's approximation,
+    Phi^-1((n - 0.375) / (n + 0.25))): 0 for one, 0.59 for two, 1.43 for eight (exactly: 1.42)."""
+    n = jnp.maximum(count, 1).astype(jnp.float32)
+    return jax.scipy.special.ndtri((n - 0.375) / (n + 0.25))
+
+
+def batch_steps(mean: jax.Array, sd: jax.Array, remaining: jax.Array, running: jax.Array) -> jax.Array:
+    """The steps the batch still needs, float32 [...]: the most any running row needs for its
+    remaining tokens at mean +- sd tokens per step (mean, sd float32 [B, ...]; remaining int32 [B];
+    running bool [B]): r / mean + z_B sqrt(r) sd / mean^1.5, with z_B the expected largest of the
+    running rows' standardised spreads (`expected_largest_normal`)."""
+    extra = (mean.ndim - 1) * (None,)
+    r = jnp.maximum(remaining, 0).astype(jnp.float32)[(slice(None),) + extra]
+    mean = jnp.maximum(mean, 1.0)
+    z = expected_largest_normal(jnp.sum(running))
+    steps = r / mean + z * jnp.sqrt(r) * sd / mean ** 1.5
+    return jnp.max(jnp.where(running[(slice(None),) + extra], steps, 0.0), axis=0)
+
+
+def toward_batch(reached: jax.Array, accepted: jax.Array, running: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-row sums float32 [B, L] with ROW_POOLING steps of the running rows' (bool [B]) mean
+    row added to each row's."""
+    weight = running.astype(jnp.float32)[:, None] / jnp.maximum(jnp.sum(running), 1)
+    mean_reached = jnp.sum(reached * weight, axis=0)
+    mean_accepted = jnp.sum(accepted * weight, axis=0)
+    per_step = ROW_POOLING / jnp.maximum(mean_reached[0], 1e-6)
+    return reached + per_step * mean_reached, accepted + per_step * mean_accepted
 
 
 def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
-    """This step's share of the rows in `active` (bool [B]) whose draft reached each position
-    1..L and whose token there was accepted, float32 [L] each (a row reaches k when it proposed k
-    tokens and the first k - 1 were accepted)."""
+    """Whether each row in `active` (bool [B]) had its draft reach each position 1..L this step
+    and its token there accepted, float32 [B, L] each (a row reaches k when it proposed k tokens
+    and the first k - 1 were accepted)."""
     k = jnp.arange(1, draft_len + 1, dtype=jnp.int32)[None, :]
     drafted = verdict.drafted if verdict.drafted is not None else jnp.full_like(verdict.accepted, draft_len)
     accepted = verdict.accepted[:, None]
     rows = active[:, None]
-    n_active = jnp.maximum(jnp.sum(active), 1).astype(jnp.float32)
-    reached = jnp.sum(rows & (drafted[:, None] >= k) & (accepted >= k - 1), axis=0) / n_active
-    hit = jnp.sum(rows & (accepted >= k), axis=0) / n_active
+    reached = rows & (drafted[:, None] >= k) & (accepted >= k - 1)
+    hit = rows & (accepted >= k)
     return reached.astype(jnp.float32), hit.astype(jnp.float32)
 
 
@@ -194,8 +232,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
     pending, pending_len = parts.pending(state.inner)
     a = jnp.clip(prior_acceptance, 0.0, 0.999)
-    prior_reached = PRIOR_STEPS * a ** (lengths_1_to_L - 1)
-    prior_accepted = PRIOR_STEPS * a ** lengths_1_to_L
+    prior_reached = jnp.broadcast_to(PRIOR_STEPS * a ** (lengths_1_to_L - 1), (batch, L))
+    prior_accepted = jnp.broadcast_to(PRIOR_STEPS * a ** lengths_1_to_L, (batch, L))
     zero = jnp.zeros((), jnp.int32)
     initial = AdaptiveState(decode=state, reached=prior_reached, accepted=prior_accepted,
                             long_reached=prior_reached, long_accepted=prior_accepted,
@@ -207,41 +245,46 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
 
+    def pooled(reached, accepted, running_rows):
+        return (reached, accepted) if batch == 1 else toward_batch(reached, accepted, running_rows)
+
     def decide(s: AdaptiveState) -> AdaptiveState:
         """s with its cap (from the long memory: per-position estimates from a few steps are
         too noisy to pick a length with) and whether it pays (from the short memory)."""
         forwards = s.forward_share * (lengths_1_to_L - 1) if parts.drafts_with_model else 0 * lengths_1_to_L
         cost = c_spec + forwards * c_draft
+        outputs = s.decode.outputs
+        running_rows = ~outputs.done
+        remaining = max_new - outputs.num_out
         if takes_cap:
-            # The longest candidate cap within CAP_TOLERANCE of the best score (zero costs, under
-            # forced inputs: the longest).
-            score = expected_tokens_by_cap(s.long_reached, s.long_accepted, a) / jnp.maximum(cost, 1e-30)
-            score = jnp.where(candidate, score, 0.0)
+            # Seconds to finish the batch by cap; the longest candidate within CAP_TOLERANCE of
+            # the fastest at batch 1 (zero costs, under forced inputs: the longest), the fastest
+            # at larger batches.
+            mean, sd = tokens_moments(*pooled(s.long_reached, s.long_accepted, running_rows), a)
+            seconds = jnp.where(candidate, batch_steps(mean, sd, remaining, running_rows) * cost, jnp.inf)
             if batch == 1:
-                index = L - 1 - jnp.argmax((score >= CAP_TOLERANCE * jnp.max(score))[::-1])
+                index = L - 1 - jnp.argmax((seconds * CAP_TOLERANCE <= jnp.min(seconds))[::-1])
             else:
-                index = jnp.argmax(score)
+                index = jnp.argmin(seconds)
         else:
             index = L - 1
         # Pays unless the short memory's E is below the break-even by more than its noise: Z
         # standard errors, with (1 + DECAY) R_1 the decayed sums' effective number of steps.
-        mean, sd = tokens_mean_and_spread(s.reached, s.accepted, a, index + 1)
-        outputs = s.decode.outputs
-        rows = jnp.maximum(jnp.sum(lagging_rows(outputs.num_out, ~outputs.done)), 1).astype(jnp.float32)
-        samples = jnp.maximum((1 + DECAY) * s.reached[0] * rows, 1.0)
-        gain = (mean + Z * sd / jnp.sqrt(samples)) * c_ar
+        mean, sd = tokens_mean_and_spread(*pooled(s.reached, s.accepted, running_rows), a, index + 1)
+        samples = jnp.maximum((1 + DECAY) * s.reached[:, 0], 1.0)
+        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, remaining, running_rows)
+        plain_steps = jnp.max(jnp.where(running_rows, remaining, 0)).astype(jnp.float32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return s.replace(cap=cap, pays=forced | (gain >= cost[index]))
+        return s.replace(cap=cap, pays=forced | (steps * cost[index] <= plain_steps * c_ar))
 
     def speculative(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
-        lagging = lagging_rows(d.outputs.num_out, active)
         cap = s.cap
         step_keys = fold_rows(keys, d.step)
         verdict = parts.step(d, step_keys, active, cap=cap) if takes_cap else parts.step(d, step_keys, active)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
-        reached, hit = position_counts(verdict, lagging, L)
+        reached, hit = position_counts(verdict, active, L)
         if verdict.draft_forwards is None or L == 1:
             share = s.forward_share
         else:

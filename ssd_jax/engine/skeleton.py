@@ -139,7 +139,7 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
         emit(emitted, appended)
     counters = state.counters
     if drafted:
-        counters = counters.record(active, verdict.accepted, verdict.drafted)
+        counters = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
     else:
         counters = counters.record_ar_step(active)
     # A row whose cache could not take another full step ends with reason "length".
