@@ -52,11 +52,12 @@ class SpecCounters:
         drafted = jnp.full_like(act, length) if num_drafted is None else num_drafted.astype(jnp.int32)
         positions = (jnp.arange(length)[None, :] < num_accepted[:, None]).astype(jnp.int32) * act[:, None]
         rejected = (num_accepted < drafted).astype(jnp.int32) * act
+        forwards = 0 if draft_forwards is None else draft_forwards.astype(jnp.int32)
         return self.replace(num_drafts=self.num_drafts + act, num_drafted=self.num_drafted + drafted * act,
                             num_accepted=self.num_accepted + num_accepted * act,
                             per_position=self.per_position + positions, target_calls=self.target_calls + 1,
                             num_rejected=self.num_rejected + rejected,
-                            draft_forwards=self.draft_forwards + (0 if draft_forwards is None else draft_forwards.astype(jnp.int32)))
+                            draft_forwards=self.draft_forwards + forwards)
 
     def record_ar_step(self, active: jax.Array) -> "SpecCounters":
         """One loop step that fell back to plain decoding (a target call, no draft) for the

@@ -132,8 +132,6 @@ class SpeculativeParts:
         L, K, vocab = self.num_draft_tokens, self.num_paths, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
-        rows = jnp.arange(b)
-        verifier = verifier_for(self.method, self.sampling)
         draft_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 1), K))(keys).reshape(b * K, 2)
         verify_keys = fold_rows(keys, 2)
         position = tcache.lengths  # of cur
@@ -162,18 +160,13 @@ class SpeculativeParts:
             logits, tcache = forward_cached(self.tparams, self.tcfg, tree.tokens, position[:, None] + tree.depth,
                                             tcache, tree_mask=tree.mask)
             p = gather_path_rows(probabilities(logits, self.sampling), tree)
-            result = _per_row(verifier, verify_keys, paths, q, p)
+            result = _per_row(verifier_for(self.method, self.sampling), verify_keys, paths, q, p)
             keep = jnp.where(active, result.num_accepted + 1, 0)
             tcache = compact_path(tcache, path_nodes(tree, result.path_index), keep)
         else:
             def verify_block(n: int, tcache):
                 """Verification of the first n draft tokens (every row proposed at most n)."""
-                block = jnp.concatenate([cur[:, None], paths[:, 0, :n]], axis=1)
-                block_positions = position[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
-                logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
-                p = probabilities(logits, self.sampling)
-                result = _per_row(verifier, verify_keys, paths[:, 0, :n], q[:, 0, :n], p, lengths)
-                return result, commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
+                return self._verify_path(tcache, cur, paths[:, 0, :n], q[:, 0, :n], lengths, active, verify_keys)
 
             caps = self.verify_caps
             if len(caps) == 1:
@@ -184,16 +177,14 @@ class SpeculativeParts:
                 longest = jnp.max(jnp.where(active, lengths, 0))
                 index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < longest)
                 result, tcache = jax.lax.switch(index, [functools.partial(verify_block, n) for n in caps], tcache)
+            return self._after_single_path(position, paths[:, 0], lengths, result, tcache, dcache, forwards)
 
         accepted, next_token = result.num_accepted, result.next_token
-        chosen = paths[rows, result.path_index]
-        if self.multi_path:
-            # Every path copy rolls back to just after cur and re-reads the accepted tokens.
-            dcache = rollback(dcache, jnp.repeat(position + 1, K))
-            chunk = emitted_tokens(chosen, accepted, next_token)
-            chunk_len = accepted + 1
-        else:
-            return self._after_single_path(position, rows, paths[:, 0], lengths, result, tcache, dcache, forwards)
+        chosen = paths[jnp.arange(b), result.path_index]
+        # Every path copy rolls back to just after cur and re-reads the accepted tokens.
+        dcache = rollback(dcache, jnp.repeat(position + 1, K))
+        chunk = emitted_tokens(chosen, accepted, next_token)
+        chunk_len = accepted + 1
         inner = dict(dcache=dcache, chunk=chunk, chunk_len=chunk_len.astype(jnp.int32))
         return Verdict(tcache=tcache, inner=inner, chosen=chosen, accepted=accepted, next_token=next_token,
                        drafted=lengths, draft_forwards=forwards)
@@ -210,9 +201,6 @@ class SpeculativeParts:
         L, vocab = self.num_draft_tokens, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
-        rows = jnp.arange(b)
-        verifier = verifier_for(self.method, self.sampling)
-        position = tcache.lengths
         caps = (1,) + tuple(n for n in self.verify_caps if n > 1)
         limit = jnp.clip(cap, 1, L)
 
@@ -224,20 +212,28 @@ class SpeculativeParts:
             # of `draft_path_until_unsure`, decided from the draft's law alone), at most the cap.
             sure_run = jnp.sum(jnp.cumprod((sure >= self.threshold).astype(jnp.int32), axis=1), axis=1)
             proposed = jnp.where(active, jnp.minimum(jnp.minimum(sure_run, limit), n), 0).astype(jnp.int32)
-            block = jnp.concatenate([cur[:, None], paths], axis=1)
-            block_positions = position[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
-            logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
-            result = _per_row(verifier, verify_keys, paths, q, probabilities(logits, self.sampling), proposed)
-            tcache = commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
+            result, tcache = self._verify_path(tcache, cur, paths, q, proposed, active, verify_keys)
             padded = jnp.zeros((b, L), jnp.int32).at[:, :n].set(paths)
             return result, tcache, dcache, padded, proposed, jnp.asarray(n - 1, jnp.int32)
 
-        index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < jnp.clip(cap, 1, L))
+        index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < limit)
         result, tcache, dcache, paths, lengths, forwards = jax.lax.switch(
             index, [functools.partial(capped, n) for n in caps], tcache, inner["dcache"])
-        return self._after_single_path(position, rows, paths, lengths, result, tcache, dcache, forwards)
+        return self._after_single_path(state.tcache.lengths, paths, lengths, result, tcache, dcache, forwards)
 
-    def _after_single_path(self, position, rows, paths, lengths, result, tcache, dcache, forwards) -> Verdict:
+    def _verify_path(self, tcache, cur, paths, q, lengths, active, verify_keys):
+        """Verifies one path per row in one target forward of cur and paths int32 [B, n] (q float32
+        [B, n, V] their draft laws, lengths int32 [B] proposed); returns (VerifyResult, tcache with
+        each active row's accepted tokens and cur committed)."""
+        n = paths.shape[1]
+        block = jnp.concatenate([cur[:, None], paths], axis=1)
+        block_positions = tcache.lengths[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
+        logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
+        result = _per_row(verifier_for(self.method, self.sampling), verify_keys, paths, q,
+                          probabilities(logits, self.sampling), lengths)
+        return result, commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
+
+    def _after_single_path(self, position, paths, lengths, result, tcache, dcache, forwards) -> Verdict:
         """The verdict of a single-path step (paths int32 [B, L], lengths int32 [B] proposed):
         the draft cache rolled back to what was accepted, the next chunk."""
         accepted, next_token = result.num_accepted, result.next_token
@@ -246,7 +242,7 @@ class SpeculativeParts:
         # next chunk. A row that proposed nothing is a rejection at 0.
         all_accepted = (accepted == lengths) & (lengths > 0)
         dcache = rollback(dcache, jnp.where(all_accepted, position + lengths, position + 1 + accepted))
-        last = paths[rows, jnp.maximum(lengths - 1, 0)]
+        last = paths[jnp.arange(paths.shape[0]), jnp.maximum(lengths - 1, 0)]
         chunk = jnp.where(all_accepted[:, None], jnp.stack([last, next_token], 1),
                           jnp.stack([next_token, next_token], 1))
         chunk_len = jnp.where(all_accepted, 2, 1)
