@@ -224,7 +224,7 @@ class _Auto:
         from ssd_jax.engine.adaptive import calibrated_inputs
 
         inputs = calibrated_inputs(executable, args, program_key, self.costs, self.loop_inputs,
-                                   takes_cap=self.plan.threshold is not None)
+                                   takes_cap=self.plan.capped)
         self.loop_inputs = inputs
         costs = args[-1]
         return jax.device_put(inputs, costs.sharding)

@@ -170,7 +170,8 @@ def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draf
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
     single = getattr(method, "paths", None) == 1
-    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None)
+    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None,
+                             capped=single or method.name in ("pld", "csd"))
     fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
         t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
         eos_ids=tuple(target.config.eos_token_ids or ()), out_size=max_new,
@@ -225,10 +226,11 @@ def tiny_models():
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK, 2),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps", "bv-early-stop-then-plain",
-        "gbv-then-plain", "pld-then-plain", "logitspec-then-plain", "csd-then-plain"])
+        "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
     """T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
@@ -254,6 +256,8 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     counters = jax.device_get(out.counters["spec"])
     if getattr(method, "paths", None) == 1:   # the early stop or a cap happened: some rows proposed fewer tokens
         assert counters.num_drafted.sum() < draft_len * counters.num_drafts.sum()
+    if 0 < costs[4] < draft_len:   # a forced cap held every draft to it
+        assert counters.num_drafted.sum() <= costs[4] * counters.num_drafts.sum()
     if not isinstance(method, (ssd_jax.SD, ssd_jax.BV, ssd_jax.GBV)):   # the probe's draft was used
         assert counters.num_accepted.sum() > 0
 

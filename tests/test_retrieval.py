@@ -18,7 +18,7 @@ from ssd_jax.draft.tree_layout import logitspec_layout, rank_branch_length
 from ssd_jax.engine import compile_cache, retrieval
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
-from ssd_jax.verify.point_tree import point_mass_tree
+from ssd_jax.verify.point_tree import point_mass_chain, point_mass_tree
 from spec_models import llama
 from test_speculative import _consistent, _exact_law
 
@@ -130,6 +130,23 @@ def test_point_mass_walk_descends_only_into_valid_children_that_match():
     assert (int(cut.num_accepted[0]), int(cut.next_token[0])) == (1, 4)
 
 
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_chain_walk_equals_the_tree_walk_on_a_chain(greedy):
+    """PLD's vectorised chain verification gives the tree walk's verdict from the same key, on
+    chains with invalid tails and with laws that make every depth likely to stop."""
+    rng = np.random.default_rng(0)
+    b, depth, vocab = 64, 5, 3
+    tokens = jnp.asarray(rng.integers(0, vocab, (b, depth + 1)), jnp.int32)
+    valid = jnp.asarray(np.arange(depth + 1)[None, :] <= rng.integers(0, depth + 1, (b, 1)))
+    p = jax.nn.softmax(jnp.asarray(rng.normal(size=(b, depth + 1, vocab)) * 2, jnp.float32))
+    key = jax.random.PRNGKey(3)
+    chain = point_mass_chain(key, tokens, valid, p, greedy=greedy)
+    tree = point_mass_tree(key, tokens, valid, np.arange(depth + 1) - 1, p, greedy=greedy)
+    for got, want in zip(chain, tree):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert len(set(np.asarray(chain.num_accepted).tolist())) > 3
+
+
 # ---------------------------------------------------------------------------------- sampling law
 
 VOCAB, NEW, SAMPLES = 4, 3, 6000
@@ -167,8 +184,8 @@ def test_sampled_law_equals_target_law(tiny_target, method, options):
 def test_sampling_law_check_has_power(tiny_target, monkeypatch):
     """Accepting by argmax at temperature 1 (treating the walk as greedy) fails the same check."""
     sampling = SamplingParams(temperature=1.0)
-    broken = functools.partial(point_mass_tree, greedy=True)
-    monkeypatch.setattr(retrieval, "point_mass_tree", lambda *a, greedy: broken(*a))
+    broken = functools.partial(point_mass_chain, greedy=True)
+    monkeypatch.setattr(retrieval, "point_mass_chain", lambda *a, greedy: broken(*a))
     compile_cache.clear()  # the executables compiled with the real verifier must not be reused
     try:
         freq, _ = _empirical(tiny_target, PROMPT, "pld", dict(num_draft_tokens=2), sampling)

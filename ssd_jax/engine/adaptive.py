@@ -306,11 +306,13 @@ def cached_costs(target, draft, batch: int, context: int, max_draft_len: int) ->
 @dataclasses.dataclass(frozen=True)
 class AutoPlan:
     """A call's static plan under draft_len="auto" (part of the compiled program's key): the
-    length the loop drafts up to (its verification width is draft_len + 1) and the early-stop
-    threshold (None: no early stop)."""
+    length the loop drafts up to (its verification width is draft_len + 1), the early-stop
+    threshold (None: no early stop) and whether the loop caps each step's draft (its
+    verification then runs at the narrowest compiled width holding the step's drafts)."""
 
     draft_len: int
     threshold: float | None
+    capped: bool = False
 
 
 def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int) -> np.ndarray:
@@ -349,8 +351,9 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
     """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs. Single-path
     draft-model methods: max_draft_len with the early stop (the loop caps each step's length at
     the one that pays best, from its own per-position acceptance); multi-path: L* of the cost
-    model (their tree is static). PLD: L* with a free draft.
-    CSD: its cascade's cap (the fall back to plain decoding is what "auto" adds).
+    model (their tree is static). PLD: max_draft_len, the loop capping each step (a wider
+    verification is the cost of a longer cap).
+    CSD: its cascade's cap, the loop capping each step's verified draft.
     LogitSpec: its tree's width does not depend on the root branch, so the branch is as long as
     allowed (max_draft_len, leaving the next-next guesses at least one node)."""
     from ssd_jax.engine.retrieval import retrieval_layout
@@ -363,7 +366,7 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
         draft_len = cascade_schedule(method, len(_drafters(draft)), sampling).target_width
     elif method.name == "logitspec":
         draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
-    elif cost_draft(method, draft) is not None and paths == 1:
+    elif (cost_draft(method, draft) is not None and paths == 1) or method.name == "pld":
         draft_len = method.max_draft_len
     else:
         draft_len = choose_draft_len(costs, acceptance, method.max_draft_len, paths)
@@ -372,7 +375,8 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
     else:
         width = paths * draft_len + 1
     threshold = method.early_stop(sampling.greedy) if cost_draft(method, draft) is not None and paths == 1 else None
-    return AutoPlan(draft_len=draft_len, threshold=threshold), loop_inputs(costs, acceptance, width)
+    capped = threshold is not None or method.name in ("pld", "csd")
+    return AutoPlan(draft_len=draft_len, threshold=threshold, capped=capped), loop_inputs(costs, acceptance, width)
 
 
 def default_plan(method, target, draft, sampling, batch: int, context: int) -> tuple[AutoPlan, np.ndarray]:
@@ -430,7 +434,8 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tu
         t_spec = max(seconds["spec"] - setup, 1e-9) / counts["spec"][0]
         p_steps, p_plain, _ = counts["plain"]
         t_ar = max(seconds["plain"] - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
-        c_draft = costs.draft * t_ar / costs.target(1)
+        # Unmeasured slope: a draft forward (and, for a capped loop, a verified token) per token.
+        c_draft = (costs.draft + (costs.target_per_token if takes_cap else 0.0)) * t_ar / costs.target(1)
         if measured_cap:
             t_one = max(seconds["one"] - setup, 1e-9) / counts["one"][0]
             c_draft = max(t_spec - t_one, 0.0) / forwards

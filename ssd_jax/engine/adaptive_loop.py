@@ -3,7 +3,8 @@ while they do not, all inside one jitted program (no host round trip).
 
     while some row runs:
         speculative steps while they pay (at least one, a probe, unless backing off), each
-            drafting up to the length that pays best
+            drafting up to the length that pays best (parts with `dispatch_caps`: one compiled
+            step per cap, chosen once per run of steps at the same cap)
         plain decoding steps while speculation does not pay, the draft falling behind by at
             most `pending_width` tokens
         the draft reads the tokens it missed (one forward)
@@ -28,7 +29,9 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
 (4-8) lost to L=2 by 20-30%.
 
     cap = the longest l with steps(l) cost(l) <= min_l steps(l) cost(l) / CAP_TOLERANCE at batch 1,
-          the best l at larger batches (long memory; parts with `takes_cap`, else their static L)
+          the best l at larger batches (long memory; parts with `takes_cap`, else their static L:
+          SD and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then
+          being a verified token's cost)
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
 
 (at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps), with
@@ -52,6 +55,8 @@ so the output law is the target's whatever they decide.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +97,19 @@ def pending_width(plan) -> int:
     return PENDING_WIDTH if plan is not None else 0
 
 
+def compiled_caps(max_len: int) -> tuple[int, ...]:
+    """The draft lengths a capped step's verification is compiled for: 2, 4, 8, ... below
+    max_len, then max_len (`lax.switch` picks the narrowest holding the step's drafts). On CPU a
+    verified token costs about as much as a draft forward, so verifying at the full width when
+    drafts stopped short loses ~8% per step; a width for every length measured no better (SD at
+    T=1 on two prompt sets: 1.19-1.29x AR, against 1.33-1.36x with powers of two)."""
+    caps, n = [], 2
+    while n < max_len:
+        caps.append(n)
+        n *= 2
+    return tuple(caps) + (max_len,)
+
+
 def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
     """`pending` for parts whose missed tokens are already in their context (retrieval, CSD):
     the buffer only bounds the plain phase. int32 [batch, width] zeros, int32 [batch] ones."""
@@ -114,7 +132,8 @@ class AdaptiveState:
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
     the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
     read (ending with cur); cap int32 [], pays bool []: the next step's cap and whether
-    speculating pays, from the memories above (computed once per update)."""
+    speculating pays, from the memories above (computed once per update); chosen int32 []: the
+    cap the loop chose minus one (cap itself is the forced one under forced inputs)."""
 
     decode: DecodeState
     reached: jax.Array
@@ -130,6 +149,7 @@ class AdaptiveState:
     pending_len: jax.Array
     cap: jax.Array
     pays: jax.Array
+    chosen: jax.Array
 
 
 def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
@@ -226,6 +246,9 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
     L = parts.draft_len
     takes_cap = getattr(parts, "takes_cap", False)
+    # Whether a longer cap costs more per step: draft forwards, or (capped retrieval) a wider
+    # verification; c_draft is then that cost per drafted token.
+    priced = parts.drafts_with_model or takes_cap
     # A step's verification runs at the narrowest compiled width holding its drafts, so a cap
     # between two compiled caps verifies at the wider one's cost: only 1 and the compiled caps
     # are chosen (the linear cost below is right at those, and under-prices the caps between).
@@ -243,7 +266,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                             long_steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
-                            pending=pending, pending_len=pending_len, cap=zero, pays=jnp.zeros((), bool))
+                            pending=pending, pending_len=pending_len, cap=zero, pays=jnp.zeros((), bool),
+                            chosen=zero)
 
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
@@ -251,18 +275,34 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     def pooled(reached, accepted, running_rows):
         return (reached, accepted) if batch == 1 else toward_batch(reached, accepted, running_rows)
 
-    def decide(s: AdaptiveState) -> AdaptiveState:
-        """s with its cap (from the long memory: per-position estimates from a few steps are
-        too noisy to pick a length with) and whether it pays (from the short memory)."""
-        forwards = s.forward_share * (lengths_1_to_L - 1) if parts.drafts_with_model else 0 * lengths_1_to_L
-        cost = c_spec + forwards * c_draft
+    def step_costs(s: AdaptiveState) -> jax.Array:
+        """Seconds of a speculative step by cap, float32 [L]."""
+        forwards = s.forward_share * (lengths_1_to_L - 1) if priced else 0 * lengths_1_to_L
+        return c_spec + forwards * c_draft
+
+    def pays_at(s: AdaptiveState, index: jax.Array, cost: jax.Array) -> jax.Array:
+        """Whether speculating at cap index + 1 pays, from the short memory: unless its E is
+        below the break-even by more than its noise, Z standard errors, with (1 + DECAY) R_1
+        the decayed sums' effective number of steps."""
         outputs = s.decode.outputs
         running_rows = ~outputs.done
         remaining = max_new - outputs.num_out
+        mean, sd = tokens_mean_and_spread(*pooled(s.reached, s.accepted, running_rows), a, index + 1)
+        samples = jnp.maximum((1 + DECAY) * s.reached[:, 0], 1.0)
+        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, remaining, running_rows)
+        plain_steps = jnp.max(jnp.where(running_rows, remaining, 0)).astype(jnp.float32)
+        return forced | (steps * cost[index] <= plain_steps * c_ar)
+
+    def decide(s: AdaptiveState) -> AdaptiveState:
+        """s with its cap (from the long memory: per-position estimates from a few steps are
+        too noisy to pick a length with) and whether it pays (from the short memory)."""
+        cost = step_costs(s)
         if takes_cap:
             # Seconds to finish the batch by cap; the longest candidate within CAP_TOLERANCE of
             # the fastest at batch 1 (zero costs, under forced inputs: the longest), the fastest
             # at larger batches.
+            running_rows = ~s.decode.outputs.done
+            remaining = max_new - s.decode.outputs.num_out
             mean, sd = tokens_moments(*pooled(s.long_reached, s.long_accepted, running_rows), a)
             seconds = jnp.where(candidate, batch_steps(mean, sd, remaining, running_rows) * cost, jnp.inf)
             if batch == 1:
@@ -271,21 +311,32 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                 index = jnp.argmin(seconds)
         else:
             index = L - 1
-        # Pays unless the short memory's E is below the break-even by more than its noise: Z
-        # standard errors, with (1 + DECAY) R_1 the decayed sums' effective number of steps.
-        mean, sd = tokens_mean_and_spread(*pooled(s.reached, s.accepted, running_rows), a, index + 1)
-        samples = jnp.maximum((1 + DECAY) * s.reached[:, 0], 1.0)
-        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, remaining, running_rows)
-        plain_steps = jnp.max(jnp.where(running_rows, remaining, 0)).astype(jnp.float32)
+        index = jnp.asarray(index, jnp.int32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return s.replace(cap=cap, pays=forced | (steps * cost[index] <= plain_steps * c_ar))
+        return s.replace(cap=cap, pays=pays_at(s, index, cost), chosen=index)
 
-    def speculative(s: AdaptiveState) -> AdaptiveState:
+    def recheck(s: AdaptiveState) -> AdaptiveState:
+        """s with whether speculating pays at the last chosen cap: during plain steps the long
+        memory, hence the cap, stays as it was, and a full `decide` per plain step cost PLD's
+        fall back ~5% of the plain decoding it runs at batch 8 on CPU."""
+        return s.replace(pays=pays_at(s, s.chosen, step_costs(s)))
+
+    # Parts that compile one step per cap (`dispatch_caps`: SD at batch > 1) get it chosen once per
+    # run of steps at the same cap (a `lax.switch` around a `while_loop`), not per step: a switch
+    # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
+    dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
+
+    def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
         cap = s.cap
         step_keys = fold_rows(keys, d.step)
-        verdict = parts.step(d, step_keys, active, cap=cap) if takes_cap else parts.step(d, step_keys, active)
+        if not takes_cap:
+            verdict = parts.step(d, step_keys, active)
+        elif width is None:
+            verdict = parts.step(d, step_keys, active, cap=cap)
+        else:
+            verdict = parts.step(d, step_keys, active, cap=cap, width=width)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
         reached, hit = position_counts(verdict, active, L)
         if verdict.draft_forwards is None or L == 1:
@@ -308,14 +359,29 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
         # The short memory moves towards the long one's per-step means at the speculative pace.
-        return decide(s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
+        return recheck(s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
                                 reached=DECAY * s.reached + s.long_reached / s.long_steps,
                                 accepted=DECAY * s.accepted + s.long_accepted / s.long_steps))
 
     def phase(s: AdaptiveState) -> AdaptiveState:
         probe = s.wait <= 0
-        s = jax.lax.while_loop(lambda s: running(s) & ((probe & (s.spec_steps == 0)) | s.pays), speculative,
-                               s.replace(spec_steps=zero))
+
+        def speculating(s: AdaptiveState):
+            return running(s) & ((probe & (s.spec_steps == 0)) | s.pays)
+
+        if dispatch is None:
+            s = jax.lax.while_loop(speculating, speculative, s.replace(spec_steps=zero))
+        else:
+            def width_index(s: AdaptiveState):
+                return jnp.sum(jnp.asarray(dispatch[:-1], jnp.int32) < s.cap)
+
+            def at_width(i: int, s: AdaptiveState) -> AdaptiveState:
+                return jax.lax.while_loop(lambda s: speculating(s) & (width_index(s) == i),
+                                          functools.partial(speculative, width=dispatch[i]), s)
+
+            s = jax.lax.while_loop(speculating, lambda s: jax.lax.switch(
+                width_index(s), [functools.partial(at_width, i) for i in range(len(dispatch))], s),
+                s.replace(spec_steps=zero))
         # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
         # speculation that paid resets it.
         failed = probe & (s.spec_steps == 1)

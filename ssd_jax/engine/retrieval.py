@@ -24,15 +24,15 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.adaptive_loop import pending_width, unread_count_only
+from ssd_jax.engine.adaptive_loop import compiled_caps, pending_width, unread_count_only
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict
 from ssd_jax.models.config import ModelConfig
-from ssd_jax.models.kv_cache import compact_path
+from ssd_jax.models.kv_cache import commit, compact_path
 from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities
-from ssd_jax.verify.point_tree import point_mass_tree
+from ssd_jax.verify.point_tree import point_mass_chain, point_mass_tree
 
 
 def retrieval_layout(method, draft_len: int) -> TreeLayout:
@@ -48,8 +48,9 @@ class RetrievalParts:
     """method: a PLD or LogitSpec object; draft_len: its (planned, under "auto") root branch
     length; prompt_size / out_size: static buffer sizes. pending_width: > 0 under adaptive
     speculation (plain-decoding steps between speculative ones; nothing to resync, since
-    retrieval keeps no draft model state). inner state: dict(context int32 [B, C], context_len
-    int32 [B], last_logits float32 [B, V])."""
+    retrieval keeps no draft model state). capped: PLD under "auto", each step's copy cut at the
+    loop's cap and verified at the narrowest compiled width holding it (`takes_cap`). inner
+    state: dict(context int32 [B, C], context_len int32 [B], last_logits float32 [B, V])."""
 
     method: object
     draft_len: int
@@ -59,6 +60,16 @@ class RetrievalParts:
     prompt_size: int
     out_size: int
     pending_width: int = 0
+    capped: bool = False
+
+    @property
+    def takes_cap(self) -> bool:
+        """Whether `step` honours a per-step cap (the adaptive loop's choice): PLD under "auto"."""
+        return self.capped
+
+    @property
+    def verify_caps(self) -> tuple[int, ...]:
+        return compiled_caps(self.draft_len) if self.takes_cap else (self.draft_len,)
 
     @functools.cached_property
     def layout(self) -> TreeLayout:
@@ -97,7 +108,10 @@ class RetrievalParts:
         return logitspec_tree(inner["context"], inner["context_len"], inner["last_logits"], self.layout,
                               max_ngram=m.max_ngram)
 
-    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
+        """One speculative step; cap int32 []: the most tokens a row's copy keeps (`takes_cap`)."""
+        if self.method.name == "pld":
+            return self._chain_step(state, keys, active, cap)
         layout, inner, tcache = self.layout, state.inner, state.tcache
         b, n_nodes = keys.shape[0], layout.num_nodes
         rows = jnp.arange(b)
@@ -118,13 +132,60 @@ class RetrievalParts:
 
         tcache = compact_path(tcache, nodes, jnp.where(active, accepted + 1, 0))
         path_tokens = jnp.take_along_axis(tree_tokens, nodes[:, 1:], axis=1)
+        return self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
+                             jnp.sum(valid, axis=1) - 1, active)
+
+    def _verdict(self, inner, tcache, path_tokens, accepted, next_token, last_logits, drafted, active,
+                 forwards=None) -> Verdict:
+        """The step's verdict, its emitted tokens appended to the context."""
         context, context_len = append_tokens(inner["context"], inner["context_len"],
                                              emitted_tokens(path_tokens, accepted, next_token),
                                              jnp.where(active, accepted + 1, 0))
-        inner = dict(context=context, context_len=context_len, last_logits=logits[rows, nodes[rows, accepted]])
+        inner = dict(context=context, context_len=context_len, last_logits=last_logits)
         return Verdict(tcache=tcache, inner=inner, chosen=path_tokens, accepted=accepted, next_token=next_token,
-                       drafted=jnp.sum(valid, axis=1) - 1)
+                       drafted=drafted, draft_forwards=forwards)
 
+    def _chain_step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None) -> Verdict:
+        """A prompt-lookup step: one chain per row, verified as a causal block (`point_mass_chain`;
+        its accepted nodes are its first tokens, so the cache needs no compaction).
+
+        Capped (`takes_cap`): copies keep at most `cap` tokens and the chain verified is the
+        narrowest compiled width holding every active row's copy (no token when no row found one:
+        a plain step's cost; then 1 and `verify_caps`), a choice made from the copies alone, so
+        each row's verdict stays exact. At batch 8 on CPU a 9-token verification costs ~2.3x a
+        1-token one: with one static width PLD lost to plain decoding where few rows find a long
+        match. draft_forwards counts the chain's tokens past the first (what the loop prices)."""
+        L, inner = self.draft_len, state.inner
+        b = keys.shape[0]
+        rows = jnp.arange(b)
+        tree_tokens, valid = self._draft_tree(inner)
+        if self.takes_cap:
+            valid = valid & (jnp.arange(L + 1)[None, :] <= jnp.clip(cap, 1, L))
+        proposed = jnp.sum(valid, axis=1).astype(jnp.int32) - 1
+        greedy = self.sampling.greedy
+
+        def chain(n: int, tcache):
+            """Verification of the first n copied tokens (every row copied at most n)."""
+            tokens = tree_tokens[:, :n + 1]
+            positions = tcache.lengths[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
+            logits, tcache = forward_cached(self.tparams, self.tcfg, tokens, positions, tcache)
+            scores = logits if greedy else probabilities(logits, self.sampling)
+            verdict = jax.vmap(lambda k, t, v, s: point_mass_chain(k, t[None], v[None], s[None], greedy=greedy))(
+                keys, tokens, valid[:, :n + 1], scores)
+            accepted, next_token, _ = jax.tree.map(lambda x: x[:, 0], verdict)
+            tcache = commit(tcache, jnp.where(active, accepted + 1, 0))
+            return accepted, next_token, logits[rows, accepted], tcache, jnp.asarray(max(n - 1, 0), jnp.int32)
+
+        if self.takes_cap:
+            widths = (0, 1) + tuple(n for n in self.verify_caps if n > 1)
+            longest = jnp.max(jnp.where(active, proposed, 0))
+            index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest)
+            accepted, next_token, last_logits, tcache, forwards = jax.lax.switch(
+                index, [functools.partial(chain, n) for n in widths], state.tcache)
+        else:
+            (accepted, next_token, last_logits, tcache, _), forwards = chain(L, state.tcache), None
+        return self._verdict(inner, tcache, tree_tokens[:, 1:], accepted, next_token, last_logits, proposed, active,
+                             forwards)
 
     # ------------------------------------------------------------ adaptive speculation's fallback
 
@@ -150,4 +211,5 @@ def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: Sampling
     """method: a PLD or LogitSpec object; plan: its `AutoPlan` when draft_len is "auto"."""
     return RetrievalParts(method=method, draft_len=plan.draft_len if plan is not None else method.draft_len,
                           tparams=tparams, tcfg=tcfg, sampling=sampling, prompt_size=prompt_width,
-                          out_size=out_size, pending_width=pending_width(plan))
+                          out_size=out_size, pending_width=pending_width(plan),
+                          capped=plan is not None and plan.capped)

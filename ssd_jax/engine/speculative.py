@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from ssd_jax import verify
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
-from ssd_jax.engine.adaptive_loop import pending_width
+from ssd_jax.engine.adaptive_loop import compiled_caps, pending_width
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
@@ -95,25 +95,23 @@ class SpeculativeParts:
 
     @property
     def verify_caps(self) -> tuple[int, ...]:
-        """The draft lengths verification is compiled for (widths n + 1; `lax.switch` picks the
-        narrowest that holds the step's drafts): 2, 4, 8, ... up to L when drafts vary in length
-        (`takes_cap`), else L alone. On CPU a verified token costs about as much as a draft
-        forward, so verifying at the full width when drafts stopped short loses ~8% per step;
-        a width for every length measured no better (SD at T=1 on two prompt sets: 1.19-1.29x
-        AR, against 1.33-1.36x with powers of two)."""
-        if not self.takes_cap:
-            return (self.num_draft_tokens,)
-        caps, n = [], 2
-        while n < self.num_draft_tokens:
-            caps.append(n)
-            n *= 2
-        return tuple(caps) + (self.num_draft_tokens,)
+        """The draft lengths verification is compiled for (`compiled_caps` when drafts vary in
+        length, `takes_cap`; else L alone)."""
+        return compiled_caps(self.num_draft_tokens) if self.takes_cap else (self.num_draft_tokens,)
 
     @property
     def takes_cap(self) -> bool:
         """Whether `step` honours a per-step cap on the draft length (single paths with the early
         stop: the adaptive loop's choice)."""
         return self.threshold is not None
+
+    def dispatch_caps(self, batch: int) -> tuple[int, ...] | None:
+        """The caps the adaptive loop compiles one step for and dispatches on once per run of steps
+        at that cap (`step(width=n)`): 1 and `verify_caps` where a step drafts its cap in one scan
+        (batch >= scan_caps_from_batch, single path); None where each step picks its own width."""
+        if not self.takes_cap or batch < self.scan_caps_from_batch or self.multi_path:
+            return None
+        return (1,) + tuple(n for n in self.verify_caps if n > 1)
 
     @property
     def counter_width(self) -> int:
@@ -127,8 +125,11 @@ class SpeculativeParts:
         chunk = jnp.zeros((b, chunk_width), jnp.int32).at[:, 0].set(first)
         return dict(dcache=dcache, chunk=chunk, chunk_len=jnp.ones((b,), jnp.int32))
 
-    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
-        """One speculative step; cap int32 []: the most tokens a row drafts (`takes_cap` parts)."""
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
+             width: int | None = None) -> Verdict:
+        """One speculative step; cap int32 []: the most tokens a row drafts (`takes_cap` parts);
+        width: the compiled cap (one of `dispatch_caps`, >= cap) the step drafts and verifies at,
+        None: chosen per step."""
         L, K, vocab = self.num_draft_tokens, self.num_paths, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
@@ -137,7 +138,7 @@ class SpeculativeParts:
         position = tcache.lengths  # of cur
 
         if self.takes_cap and b >= self.scan_caps_from_batch and not self.multi_path:
-            return self._capped_batch_step(state, draft_keys, verify_keys, active, cap)
+            return self._capped_batch_step(state, draft_keys, verify_keys, active, cap, width)
         if self.threshold is None:
             paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
@@ -190,10 +191,11 @@ class SpeculativeParts:
                        drafted=lengths, draft_forwards=forwards)
 
     def _capped_batch_step(self, state: DecodeState, draft_keys: jax.Array, verify_keys: jax.Array,
-                           active: jax.Array, cap: jax.Array) -> Verdict:
-        """A single-path step at batch > 1 with the loop's cap: `lax.switch` over one program
-        per compiled cap n (1 and `verify_caps`), each drafting n tokens in a `lax.scan` and
-        verifying n + 1, the narrowest holding the cap (rows propose min(cap, n) tokens). A
+                           active: jax.Array, cap: jax.Array, width: int | None) -> Verdict:
+        """A single-path step at batch > 1 with the loop's cap: one program per compiled cap n
+        (`dispatch_caps`: the loop's `width`, else a `lax.switch` here), drafting n tokens in a
+        `lax.scan` and verifying n + 1, the narrowest holding the cap (rows propose min(cap, n)
+        tokens). A
         batch's draft forwards run until its last row stops, so the per-row early stop saves
         nothing here, and at batch 8 on CPU the early-stopping `while_loop` step cost 13-20% more
         than a fixed-length step of the same cap. Each row's proposal still ends before its first
@@ -216,9 +218,12 @@ class SpeculativeParts:
             padded = jnp.zeros((b, L), jnp.int32).at[:, :n].set(paths)
             return result, tcache, dcache, padded, proposed, jnp.asarray(n - 1, jnp.int32)
 
-        index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < limit)
-        result, tcache, dcache, paths, lengths, forwards = jax.lax.switch(
-            index, [functools.partial(capped, n) for n in caps], tcache, inner["dcache"])
+        if width is not None:
+            result, tcache, dcache, paths, lengths, forwards = capped(width, tcache, inner["dcache"])
+        else:
+            index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < limit)
+            result, tcache, dcache, paths, lengths, forwards = jax.lax.switch(
+                index, [functools.partial(capped, n) for n in caps], tcache, inner["dcache"])
         return self._after_single_path(state.tcache.lengths, paths, lengths, result, tcache, dcache, forwards)
 
     def _verify_path(self, tcache, cur, paths, q, lengths, active, verify_keys):

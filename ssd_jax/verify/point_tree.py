@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.verify._common import argmax_first, first_true, row_keys, sample_from_weights
+from ssd_jax.verify._common import argmax_first, first_true, leading_true_count, row_keys, sample_from_weights
 
 
 class TreeVerdict(NamedTuple):
@@ -69,6 +69,30 @@ def point_mass_tree(key, tokens, valid, parents, p, *, greedy: bool) -> TreeVerd
     max_depth = _max_depth(parents_arr) if static else n_nodes - 1
     row = lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy)
     n, nxt, nodes = jax.vmap(row)(row_keys(key, b), tokens, jnp.asarray(valid, bool), p, parents_b)
+    return TreeVerdict(n, nxt, nodes)
+
+
+def _chain_row(key, tokens, valid, p, greedy: bool):
+    """`_walk_row` on a chain (node d's child is node d + 1) with every depth's draw at once: the
+    same keys, so the same verdict, without a sequential scan."""
+    depth = tokens.shape[0] - 1
+    keys = jax.random.split(key, depth + 1)
+    if greedy:
+        y = argmax_first(p)
+    else:
+        y = jax.vmap(lambda k, w: sample_from_weights(k, w, fallback=w))(keys, p)
+    n = leading_true_count(valid[1:] & (tokens[1:] == y[:-1]))
+    nodes = jnp.where(jnp.arange(depth + 1) <= n, jnp.arange(depth + 1, dtype=jnp.int32), 0)
+    return n, y[n], nodes
+
+
+def point_mass_chain(key, tokens, valid, p, *, greedy: bool) -> TreeVerdict:
+    """`point_mass_tree` for one chain (node d + 1 under node d: prompt lookup's layout), the
+    same verdict from the same key. tokens int32 [B, D+1], valid bool [B, D+1], p float32
+    [B, D+1, V]."""
+    tokens = jnp.asarray(tokens, jnp.int32)
+    n, nxt, nodes = jax.vmap(lambda k, t, v, pp: _chain_row(k, t, v, pp, greedy))(
+        row_keys(key, tokens.shape[0]), tokens, jnp.asarray(valid, bool), p)
     return TreeVerdict(n, nxt, nodes)
 
 
