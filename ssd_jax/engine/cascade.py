@@ -107,11 +107,11 @@ class CascadeParts:
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
         """One cascade step; cap int32 []: the most draft tokens the target verifies (`takes_cap`:
         the narrowest compiled width holding every active row's capped draft, a choice made from
-        the drafts alone; the cascade itself drafts as scheduled, compiled once: one step program per
-        cap, chosen once per run of steps (`dispatch_caps`), compiles it once per cap, five times
-        at T=0). At batch 8 on
-        CPU a 10-token verification costs ~2.3x a 1-token one: with the default cap of 9 at T=0
-        "auto" ran at 0.78-0.92x AR where a cap of 2 ran at 1.19-1.30x."""
+        the drafts alone). The cascade drafts as scheduled at every cap and is compiled once; only
+        the verification is switched per step (a whole step compiled per cap, chosen once per run
+        of steps as SD does at batch > 1, would compile the cascade five times at T=0). At batch 8
+        on CPU a 10-token verification costs ~2.3x a 1-token one: with the default cap of 9 at
+        T=0 "auto" ran at 0.78-0.92x AR where a cap of 2 ran at 1.19-1.30x."""
         checked = self.schedule.target_width  # the target verifies at most the first `checked` tokens of the block
         capacity, dstate = self.capacity, state.inner
         rows = jnp.arange(keys.shape[0])
