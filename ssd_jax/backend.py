@@ -14,6 +14,9 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `decode_attention` (cached steps and token trees) | reference | xla | pallas |
 | `logitspec_tree_size` (LogitSpec's default node budget) | 8 | 16 | 64 |
 | `min_decode_rows` (AR decodes at least this many rows) | 1 | 2 | 1 |
+| `adaptive_steps_per_check` (adaptive loop: steps between its checks and choices) | 1 | 4 | 1 |
+| `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step) | yes | no | yes |
+| `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 2 | 1 | 2 |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -39,6 +42,17 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   batch 2 (bf16; `accelerator_*_policy.json`): XLA's one-row matrix-vector products read the
   weights more slowly than its two-row products. AR therefore decodes a lone row beside a copy
   of itself on GPU and drops the copy.
+- Adaptive speculation's control flow: XLA:GPU runs a `while_loop` turn or a `lax.switch` by
+  reading its predicate or index back to the host, which waits for the GPU to drain before it
+  launches the next kernel; the embedded pair's steps are ~100-200 tiny kernels (H100: an AR step
+  88 kernels, 0.19 ms), so each read costs a visible share. On an H100 (embedded pair, bf16,
+  128 tokens) PLD "auto" ran 2.8x AR where fixed L=8 ran 3.5x at the same 4.51 tokens per step
+  (badguess set, T=0, batch 1), and its plain fallback 0.74x AR at T=1. Checking the loop's
+  conditions and choices every 4 steps (a static trip count, no read back) took the fallback to
+  0.80x and SD "auto" at batch 8 from 0.91x to 0.99x AR; the per-step verification switch and
+  the batch-1 early-stopping draft loop are left out on GPU from that measurement (wider
+  verification is nearly free there) but not yet timed without them. XLA:TPU runs control flow
+  on the device, so TPU keeps the CPU's choices.
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
 
@@ -72,6 +86,9 @@ class Policy:
     logitspec_tree_size: int
     fused_prefill_min_tokens: int = 0
     min_decode_rows: int = 1
+    adaptive_steps_per_check: int = 1
+    adaptive_switch_per_step: bool = True
+    adaptive_scan_from_batch: int = 2
 
 
 POLICIES = {
@@ -79,7 +96,8 @@ POLICIES = {
                   decode_attention="reference", logitspec_tree_size=8),
     "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
                   decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
-                  min_decode_rows=2),
+                  min_decode_rows=2, adaptive_steps_per_check=4, adaptive_switch_per_step=False,
+                  adaptive_scan_from_batch=1),
     "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
                   decode_attention="pallas", logitspec_tree_size=64, fused_prefill_min_tokens=256),
 }

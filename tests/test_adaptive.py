@@ -210,6 +210,37 @@ def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method):
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2
 
 
+def gpu_adaptive_policy(monkeypatch, steps_per_check: int = 4) -> None:
+    """The CPU policy with the GPU's adaptive-loop choices: checks every steps_per_check steps,
+    no per-step verification switch, one compiled step per cap from batch 1."""
+    from ssd_jax import backend
+
+    monkeypatch.setitem(backend.POLICIES, "cpu", dataclasses.replace(
+        backend.POLICIES["cpu"], adaptive_steps_per_check=steps_per_check, adaptive_switch_per_step=False,
+        adaptive_scan_from_batch=1))
+
+
+@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.PLD(draft_len="auto"),
+                                    ssd_jax.CSD(max_draft_tokens="auto")], ids=["sd", "pld", "csd"])
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
+    """The GPU policy's loop (checks every 4 steps, the widest verification, SD's caps dispatched
+    at batch 1): speculative and plain blocks, steps after a row (or every row) is done, the
+    draft catching up: the AR tokens."""
+    gpu_adaptive_policy(monkeypatch)
+    target, draft = models
+    prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]][:rows]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=61)
+    draft = draft if method.drafts_with_model else None
+    out = _decode(target, draft, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, rows), 61,
+                  draft_len=3)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    # Each probe is a block of 4 speculative steps (one step at a time would draft 2-3 times here).
+    assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 4
+
+
 VOCAB, NEW, SAMPLES = 4, 3, 6000
 
 
@@ -223,19 +254,27 @@ def tiny_models():
     (ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2),
     (ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4),
     (ssd_jax.SD(draft_len="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 4),
+    (ssd_jax.SD(draft_len="auto"), "blocks_of_2", 4),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), "blocks_of_2", 4),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
-], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps", "bv-early-stop-then-plain",
+], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
+        "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
     """T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
     picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
-    the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap."""
+    the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap.
+    "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps, with steps run
+    after every row is done."""
+    if isinstance(costs, str) and costs == "blocks_of_2":
+        gpu_adaptive_policy(monkeypatch, steps_per_check=2)
+        costs = np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32)
     if isinstance(costs, str):
         from ssd_jax.engine.speculative import SpeculativeParts
 

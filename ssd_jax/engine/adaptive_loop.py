@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from ssd_jax.backend import policy_for
 from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
@@ -108,6 +109,22 @@ def compiled_caps(max_len: int) -> tuple[int, ...]:
         caps.append(n)
         n *= 2
     return tuple(caps) + (max_len,)
+
+
+def narrowest(widths: tuple[int, ...], longest: jax.Array) -> jax.Array:
+    """The index (int32 []) of the narrowest of the ascending compiled widths holding longest
+    (int32 []; the last width when none does): the branch a `lax.switch` over widths takes."""
+    return jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest).astype(jnp.int32)
+
+
+def switched_caps(max_len: int, where) -> tuple[int, ...]:
+    """The widths a step picks its verification among per step (PLD's chain, CSD's block):
+    `compiled_caps` where the backend policy lets a step switch (CPU, TPU), else max_len alone.
+    On GPU a `lax.switch` reads its index back to the host before the branch launches, and with
+    the step's other launches that cost PLD on the embedded pair ~20% per step (H100: PLD "auto"
+    at 4.51 tokens per step ran 2.8x AR where L=8 ran 3.5x), while a wider verification is
+    nearly free there. where: the target's params (`ssd_jax.backend.policy_for`)."""
+    return compiled_caps(max_len) if policy_for(where).adaptive_switch_per_step else (max_len,)
 
 
 def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
@@ -325,8 +342,13 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # run of steps at the same cap (a `lax.switch` around a `while_loop`), not per step: a switch
     # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
     dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
+    # Steps between checks of the loop's conditions and choices (the backend's; see
+    # `ssd_jax.backend`): on GPU every check reads a predicate back to the host and launches the
+    # cost model's small kernels (H100, embedded pair: checks every 4 steps took PLD's plain
+    # fallback from 0.74x to 0.80x AR, SD "auto" at batch 8 from 0.91x to 0.99x).
+    steps_per_check = policy_for(tparams).adaptive_steps_per_check
 
-    def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
+    def speculative_step(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
         cap = s.cap
@@ -344,13 +366,13 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         else:
             ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(cap - 1, 1).astype(jnp.float32)
             share = jnp.where(cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
-        return decide(s.replace(decode=d, spec_steps=s.spec_steps + 1,
-                                reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
-                                long_reached=LONG_DECAY * s.long_reached + reached,
-                                long_accepted=LONG_DECAY * s.long_accepted + hit,
-                                long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share))
+        return s.replace(decode=d, spec_steps=s.spec_steps + 1,
+                         reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
+                         long_reached=LONG_DECAY * s.long_reached + reached,
+                         long_accepted=LONG_DECAY * s.long_accepted + hit,
+                         long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share)
 
-    def plain(s: AdaptiveState) -> AdaptiveState:
+    def plain_step(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
         verdict = parts.ar_step(d, fold_rows(keys, d.step), active)
@@ -359,9 +381,22 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
         # The short memory moves towards the long one's per-step means at the speculative pace.
-        return recheck(s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
-                                reached=DECAY * s.reached + s.long_reached / s.long_steps,
-                                accepted=DECAY * s.accepted + s.long_accepted / s.long_steps))
+        return s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32),
+                         reached=DECAY * s.reached + s.long_reached / s.long_steps,
+                         accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
+
+    def repeated(step, s: AdaptiveState) -> AdaptiveState:
+        """`steps_per_check` steps of `step` with no check between them: a loop whose trip count
+        is static, which XLA:GPU runs without reading a predicate back to the host."""
+        if steps_per_check == 1:
+            return step(s)
+        return jax.lax.fori_loop(0, steps_per_check, lambda _, s: step(s), s)
+
+    def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
+        return decide(repeated(functools.partial(speculative_step, width=width), s))
+
+    def plain(s: AdaptiveState) -> AdaptiveState:
+        return recheck(repeated(plain_step, s))
 
     def phase(s: AdaptiveState) -> AdaptiveState:
         probe = s.wait <= 0
@@ -373,7 +408,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             s = jax.lax.while_loop(speculating, speculative, s.replace(spec_steps=zero))
         else:
             def width_index(s: AdaptiveState):
-                return jnp.sum(jnp.asarray(dispatch[:-1], jnp.int32) < s.cap)
+                return narrowest(dispatch, s.cap)
 
             def at_width(i: int, s: AdaptiveState) -> AdaptiveState:
                 return jax.lax.while_loop(lambda s: speculating(s) & (width_index(s) == i),
@@ -384,15 +419,15 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                 s.replace(spec_steps=zero))
         # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
         # speculation that paid resets it.
-        failed = probe & (s.spec_steps == 1)
+        failed = probe & (s.spec_steps == steps_per_check)
         backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF),
                             jnp.where(s.spec_steps > 0, 1, s.backoff))
         wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
         s = s.replace(backoff=backoff, wait=wait)
         pending, pending_len = parts.pending(s.decode.inner)
         s = s.replace(pending=pending, pending_len=pending_len)
-        width = s.pending.shape[1]
-        s = jax.lax.while_loop(lambda s: running(s) & ~s.pays & (jnp.max(s.pending_len) < width), plain, s)
+        room = s.pending.shape[1] - steps_per_check   # a block of plain steps must fit in pending
+        s = jax.lax.while_loop(lambda s: running(s) & ~s.pays & (jnp.max(s.pending_len) <= room), plain, s)
         inner = parts.resync(s.decode.inner, s.pending, s.pending_len)
         return s.replace(decode=s.decode.replace(inner=inner))
 

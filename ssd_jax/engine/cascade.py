@@ -32,7 +32,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
-from ssd_jax.engine.adaptive_loop import compiled_caps, pending_width, unread_count_only
+from ssd_jax.engine.adaptive_loop import narrowest, pending_width, switched_caps, unread_count_only
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
@@ -102,7 +102,7 @@ class CascadeParts:
     @property
     def verify_caps(self) -> tuple[int, ...]:
         width = self.schedule.target_width
-        return compiled_caps(width) if self.takes_cap else (width,)
+        return switched_caps(width, self.tparams) if self.takes_cap else (width,)
 
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
         """One cascade step; cap int32 []: the most draft tokens the target verifies (`takes_cap`:
@@ -143,8 +143,7 @@ class CascadeParts:
             accepted, next_token, tcache, forwards = verify_width(checked, state.tcache)
         else:
             widths = (1,) + tuple(n for n in caps if n > 1)
-            longest = jnp.max(jnp.where(active, valid, 0))
-            index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest)
+            index = narrowest(widths, jnp.max(jnp.where(active, valid, 0)))
             accepted, next_token, tcache, forwards = jax.lax.switch(
                 index, [functools.partial(verify_width, n) for n in widths], state.tcache)
 

@@ -24,7 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.adaptive_loop import compiled_caps, pending_width, unread_count_only
+from ssd_jax.engine.adaptive_loop import narrowest, pending_width, switched_caps, unread_count_only
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict
@@ -69,7 +69,7 @@ class RetrievalParts:
 
     @property
     def verify_caps(self) -> tuple[int, ...]:
-        return compiled_caps(self.draft_len) if self.takes_cap else (self.draft_len,)
+        return switched_caps(self.draft_len, self.tparams) if self.takes_cap else (self.draft_len,)
 
     @functools.cached_property
     def layout(self) -> TreeLayout:
@@ -177,9 +177,9 @@ class RetrievalParts:
             return accepted, next_token, logits[rows, accepted], tcache, jnp.asarray(max(n - 1, 0), jnp.int32)
 
         if self.takes_cap:
-            widths = (0, 1) + tuple(n for n in self.verify_caps if n > 1)
-            longest = jnp.max(jnp.where(active, proposed, 0))
-            index = jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest)
+            caps = self.verify_caps
+            widths = caps if len(caps) == 1 else (0, 1) + tuple(n for n in caps if n > 1)
+            index = narrowest(widths, jnp.max(jnp.where(active, proposed, 0)))
             accepted, next_token, last_logits, tcache, forwards = jax.lax.switch(
                 index, [functools.partial(chain, n) for n in widths], state.tcache)
         else:

@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax import verify
+from ssd_jax.backend import policy_for
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
-from ssd_jax.engine.adaptive_loop import compiled_caps, pending_width
+from ssd_jax.engine.adaptive_loop import compiled_caps, narrowest, pending_width
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
@@ -89,9 +90,14 @@ class SpeculativeParts:
         return self.num_draft_tokens
 
     drafts_with_model = True
-    # The batch from which a capped single-path step drafts in one `lax.scan` per compiled cap
-    # (`_capped_batch_step`) instead of the early-stopping `while_loop`.
-    scan_caps_from_batch = 2
+
+    @property
+    def scan_caps_from_batch(self) -> int:
+        """The batch from which a capped single-path step drafts in one `lax.scan` per compiled
+        cap (`_capped_batch_step`) instead of the early-stopping `while_loop` (the backend
+        policy's: 2 on CPU, 1 on GPU, where every turn of a `while_loop` reads its predicate back
+        to the host)."""
+        return policy_for(self.tparams).adaptive_scan_from_batch
 
     @property
     def verify_caps(self) -> tuple[int, ...]:
@@ -175,8 +181,7 @@ class SpeculativeParts:
             else:
                 # The narrowest compiled width holding every row's draft: a choice made from the
                 # drafts alone, so each row's verdict stays exact.
-                longest = jnp.max(jnp.where(active, lengths, 0))
-                index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < longest)
+                index = narrowest(caps, jnp.max(jnp.where(active, lengths, 0)))
                 result, tcache = jax.lax.switch(index, [functools.partial(verify_block, n) for n in caps], tcache)
             return self._after_single_path(position, paths[:, 0], lengths, result, tcache, dcache, forwards)
 
@@ -221,7 +226,7 @@ class SpeculativeParts:
         if width is not None:
             result, tcache, dcache, paths, lengths, forwards = capped(width, tcache, inner["dcache"])
         else:
-            index = jnp.sum(jnp.asarray(caps[:-1], jnp.int32) < limit)
+            index = narrowest(caps, limit)
             result, tcache, dcache, paths, lengths, forwards = jax.lax.switch(
                 index, [functools.partial(capped, n) for n in caps], tcache, inner["dcache"])
         return self._after_single_path(state.tcache.lengths, paths, lengths, result, tcache, dcache, forwards)
