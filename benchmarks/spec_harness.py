@@ -43,12 +43,14 @@ def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, r
                   compile_time_s=compile_s, batch_size=batch_size, timing_repeats=repeats)
     drafts = sum(o.stats.get("num_drafts", 0) for o in outs)
     if drafts:
-        accepted = sum(o.stats["num_accepted_tokens"] for o in outs)
-        drafted = sum(o.stats["num_draft_tokens"] for o in outs)
+        # A call that decoded plainly from the start (SSD "auto" after its verdict) drafted nothing
+        # and reports no acceptance.
+        accepted = sum(o.stats.get("num_accepted_tokens", 0) for o in outs)
+        drafted = sum(o.stats.get("num_draft_tokens", 0) for o in outs)
         # Under draft_len="auto" the length, hence the width of per-position counts, varies by call.
-        width = max(len(o.stats["accepted_per_position"]) for o in outs)
-        per_position = np.sum([np.pad(np.array(o.stats["accepted_per_position"], float),
-                                      (0, width - len(o.stats["accepted_per_position"]))) for o in outs], axis=0)
+        counts = [np.array(o.stats.get("accepted_per_position", ()), float) for o in outs]
+        width = max(len(c) for c in counts)
+        per_position = np.sum([np.pad(c, (0, width - len(c))) for c in counts], axis=0)
         result.update(acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=1 + accepted / drafts,
                       acceptance_per_position=(per_position / drafts).tolist())
     for name in extra or ():
