@@ -136,7 +136,7 @@ def test_eos_and_streaming(models, prompts):
 
 # ---------------------------------------------------------------------------------- draft_len="auto"
 
-SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.steps >= 1,
+SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.seen >= 1,
             "measured": ssd_auto.PlainSwitch.slower_than_plain}
 
 
@@ -209,12 +209,18 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
 
 def test_auto_switch_rule():
     switch = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    for _ in range(ssd_auto.WARMUP_STEPS):       # a call's first steps, with no prefetch yet, are not judged
+        switch.record(seconds=50.0, tokens_per_row=1.0)
+    switch.record(seconds=50.0, tokens_per_row=1.0, compiled=True)   # nor a step that compiled
+    assert switch.steps == 0 and switch.seconds == 0.0
     for _ in range(ssd_auto.MIN_STEPS - 1):
         switch.record(seconds=5.0, tokens_per_row=1.0)
     assert not switch.slower_than_plain()        # too few steps to judge
     switch.record(seconds=5.0, tokens_per_row=1.0)
     assert switch.slower_than_plain()
     fast = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    for _ in range(ssd_auto.WARMUP_STEPS):
+        fast.record(seconds=50.0, tokens_per_row=1.0)
     for _ in range(10):
         fast.record(seconds=2.0, tokens_per_row=3.0)
     assert not fast.slower_than_plain()

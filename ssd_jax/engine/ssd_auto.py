@@ -2,8 +2,9 @@
 switch to plain decoding when SSD measures slower than the target alone.
 
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
-extra: after each step the loop adds the step's seconds (less compile time) and the tokens it
-emitted per running row to decayed sums; once MIN_STEPS steps ran, if
+extra: after each step the loop adds the step's seconds and the tokens it emitted per running
+row to decayed sums (not the first WARMUP_STEPS steps, nor a step that compiled); once MIN_STEPS
+steps were judged, if
 
     seconds per token of SSD  >  seconds per token of plain decoding
 
@@ -32,8 +33,11 @@ import numpy as np
 from ssd_jax.engine.adaptive import Recent
 
 PLAIN_CHUNK = 16
-MIN_STEPS = 3
-DECAY = 0.7
+# Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
+# the critical path), so they are slower than SSD's steady state. Then MIN_STEPS judged steps.
+WARMUP_STEPS = 2
+MIN_STEPS = 6
+DECAY = 0.85
 PROBE_EVERY = 8
 _PLAIN_STEP_S = Recent()
 _VERDICTS = Recent()   # program key -> (SSD slower, calls started plain since the last SSD call)
@@ -48,8 +52,15 @@ class PlainSwitch:
     seconds: float = 0.0
     tokens: float = 0.0
     steps: int = 0
+    seen: int = 0
 
-    def record(self, seconds: float, tokens_per_row: float) -> None:
+    def record(self, seconds: float, tokens_per_row: float, compiled: bool = False) -> None:
+        """One SSD step. The call's first WARMUP_STEPS steps and a step that compiled (part of a
+        compile can overlap it uncounted, the draft's programs compiling on their own thread)
+        are seen but not judged: their time is not SSD's steady state."""
+        self.seen += 1
+        if compiled or self.seen <= WARMUP_STEPS:
+            return
         self.seconds = DECAY * self.seconds + seconds
         self.tokens = DECAY * self.tokens + tokens_per_row
         self.steps += 1
