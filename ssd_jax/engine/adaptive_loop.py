@@ -57,6 +57,7 @@ so the output law is the target's whatever they decide.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -111,10 +112,25 @@ def compiled_caps(max_len: int) -> tuple[int, ...]:
     return tuple(caps) + (max_len,)
 
 
+def with_one(caps: tuple[int, ...]) -> tuple[int, ...]:
+    """1 and the compiled caps above it: the caps a step runs at (a one-token draft is its own
+    program)."""
+    return (1,) + tuple(n for n in caps if n > 1)
+
+
 def narrowest(widths: tuple[int, ...], longest: jax.Array) -> jax.Array:
     """The index (int32 []) of the narrowest of the ascending compiled widths holding longest
     (int32 []; the last width when none does): the branch a `lax.switch` over widths takes."""
     return jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest).astype(jnp.int32)
+
+
+def at_narrowest(widths: tuple[int, ...], longest: jax.Array, branch: Callable, *operands):
+    """branch(n, *operands) for n the narrowest of the ascending widths holding longest (int32
+    []): a `lax.switch` over one branch per width, or the branch itself where there is one width.
+    The caller's longest comes from the drafts alone, so each row's verdict stays exact."""
+    if len(widths) == 1:
+        return branch(widths[0], *operands)
+    return jax.lax.switch(narrowest(widths, longest), [functools.partial(branch, n) for n in widths], *operands)
 
 
 def switched_caps(max_len: int, where) -> tuple[int, ...]:
@@ -269,7 +285,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # A step's verification runs at the narrowest compiled width holding its drafts, so a cap
     # between two compiled caps verifies at the wider one's cost: only 1 and the compiled caps
     # are chosen (the linear cost below is right at those, and under-prices the caps between).
-    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray((1,) + tuple(getattr(parts, "verify_caps", (L,)))))
+    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(getattr(parts, "verify_caps", (L,)))))
     forced = forced_cap > 0
     batch = tokens.shape[0]
     lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)

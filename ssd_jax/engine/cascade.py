@@ -23,7 +23,6 @@ their text and caches (nothing is committed for them).
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +31,7 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
-from ssd_jax.engine.adaptive_loop import narrowest, pending_width, switched_caps, unread_count_only
+from ssd_jax.engine.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
@@ -139,13 +138,9 @@ class CascadeParts:
                 jnp.asarray(n - 1, jnp.int32)
 
         caps = self.verify_caps
-        if len(caps) == 1:
-            accepted, next_token, tcache, forwards = verify_width(checked, state.tcache)
-        else:
-            widths = (1,) + tuple(n for n in caps if n > 1)
-            index = narrowest(widths, jnp.max(jnp.where(active, valid, 0)))
-            accepted, next_token, tcache, forwards = jax.lax.switch(
-                index, [functools.partial(verify_width, n) for n in widths], state.tcache)
+        accepted, next_token, tcache, forwards = at_narrowest(
+            caps if len(caps) == 1 else with_one(caps), jnp.max(jnp.where(active, valid, 0)), verify_width,
+            state.tcache)
 
         # The text becomes context[:base + accepted] + [next]; a finished row keeps its text.
         end = jnp.where(active, base + accepted, position)

@@ -24,7 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.adaptive_loop import narrowest, pending_width, switched_caps, unread_count_only
+from ssd_jax.engine.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict
@@ -178,10 +178,9 @@ class RetrievalParts:
 
         if self.takes_cap:
             caps = self.verify_caps
-            widths = caps if len(caps) == 1 else (0, 1) + tuple(n for n in caps if n > 1)
-            index = narrowest(widths, jnp.max(jnp.where(active, proposed, 0)))
-            accepted, next_token, last_logits, tcache, forwards = jax.lax.switch(
-                index, [functools.partial(chain, n) for n in widths], state.tcache)
+            widths = caps if len(caps) == 1 else (0,) + with_one(caps)
+            accepted, next_token, last_logits, tcache, forwards = at_narrowest(
+                widths, jnp.max(jnp.where(active, proposed, 0)), chain, state.tcache)
         else:
             (accepted, next_token, last_logits, tcache, _), forwards = chain(L, state.tcache), None
         return self._verdict(inner, tcache, tree_tokens[:, 1:], accepted, next_token, last_logits, proposed, active,

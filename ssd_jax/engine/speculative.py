@@ -14,7 +14,6 @@ Random keys per step key s: draft fold_in(s, 1) split K ways, verify fold_in(s, 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable
 
 import jax
@@ -23,7 +22,7 @@ import jax.numpy as jnp
 from ssd_jax import verify
 from ssd_jax.backend import policy_for
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
-from ssd_jax.engine.adaptive_loop import compiled_caps, narrowest, pending_width
+from ssd_jax.engine.adaptive_loop import at_narrowest, compiled_caps, pending_width, with_one
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
@@ -117,7 +116,7 @@ class SpeculativeParts:
         (batch >= scan_caps_from_batch, single path); None where each step picks its own width."""
         if not self.takes_cap or batch < self.scan_caps_from_batch or self.multi_path:
             return None
-        return (1,) + tuple(n for n in self.verify_caps if n > 1)
+        return with_one(self.verify_caps)
 
     @property
     def counter_width(self) -> int:
@@ -175,14 +174,8 @@ class SpeculativeParts:
                 """Verification of the first n draft tokens (every row proposed at most n)."""
                 return self._verify_path(tcache, cur, paths[:, 0, :n], q[:, 0, :n], lengths, active, verify_keys)
 
-            caps = self.verify_caps
-            if len(caps) == 1:
-                result, tcache = verify_block(L, tcache)
-            else:
-                # The narrowest compiled width holding every row's draft: a choice made from the
-                # drafts alone, so each row's verdict stays exact.
-                index = narrowest(caps, jnp.max(jnp.where(active, lengths, 0)))
-                result, tcache = jax.lax.switch(index, [functools.partial(verify_block, n) for n in caps], tcache)
+            result, tcache = at_narrowest(self.verify_caps, jnp.max(jnp.where(active, lengths, 0)), verify_block,
+                                          tcache)
             return self._after_single_path(position, paths[:, 0], lengths, result, tcache, dcache, forwards)
 
         accepted, next_token = result.num_accepted, result.next_token
@@ -208,7 +201,6 @@ class SpeculativeParts:
         L, vocab = self.num_draft_tokens, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
-        caps = (1,) + tuple(n for n in self.verify_caps if n > 1)
         limit = jnp.clip(cap, 1, L)
 
         def capped(n: int, tcache, dcache):
@@ -223,12 +215,8 @@ class SpeculativeParts:
             padded = jnp.zeros((b, L), jnp.int32).at[:, :n].set(paths)
             return result, tcache, dcache, padded, proposed, jnp.asarray(n - 1, jnp.int32)
 
-        if width is not None:
-            result, tcache, dcache, paths, lengths, forwards = capped(width, tcache, inner["dcache"])
-        else:
-            index = narrowest(caps, limit)
-            result, tcache, dcache, paths, lengths, forwards = jax.lax.switch(
-                index, [functools.partial(capped, n) for n in caps], tcache, inner["dcache"])
+        result, tcache, dcache, paths, lengths, forwards = at_narrowest(
+            (width,) if width is not None else with_one(self.verify_caps), limit, capped, tcache, inner["dcache"])
         return self._after_single_path(state.tcache.lengths, paths, lengths, result, tcache, dcache, forwards)
 
     def _verify_path(self, tcache, cur, paths, q, lengths, active, verify_keys):
