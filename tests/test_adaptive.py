@@ -191,6 +191,13 @@ def test_fallback_to_plain_decoding_is_exact_greedy(models):
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2   # several phases ran
+    assert_no_idle_steps(counters)
+
+
+def assert_no_idle_steps(counters) -> None:
+    """Every loop step after the prefill had a running row: blocks of plain steps never decode
+    past the last row's end."""
+    assert int(counters.target_calls) == 1 + int(np.max(counters.ar_steps + counters.num_drafts))
 
 
 @pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8),
@@ -208,6 +215,7 @@ def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method):
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2
+    assert_no_idle_steps(counters)
 
 
 def gpu_adaptive_policy(monkeypatch, steps_per_check: int = 4) -> None:
@@ -506,3 +514,24 @@ def test_remembered_values_are_bounded_and_tied_to_living_weights():
     assert adaptive.ParamsIdentity(a, b) == adaptive.ParamsIdentity(a, b)
     assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity(b, a)
     assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity({"w": jax.numpy.ones(2)}, b)
+
+
+def test_target_cache_leaves_out_the_drafts_lag(models):
+    """Under "auto" SD and CSD size their buffers for drafters that lag by a plain phase; the
+    target's cache takes only the prompt, the outputs and one step's room, and rows still reach
+    max_new_tokens (greedy identity with AR right up to the trimmed cache's end)."""
+    from ssd_jax.engine.decoder import make_parts
+    from ssd_jax.engine.skeleton import target_capacity
+
+    target, draft = models
+    plan = adaptive.AutoPlan(draft_len=8, threshold=0.5, capped=True)
+    parts = make_parts(ssd_jax.SD(draft_len="auto"), target, draft, SamplingParams(), 64, 128, plan=plan)
+    assert parts.capacity >= 64 + 128 + parts.room + 24
+    assert target_capacity(parts, 64, 128) == 64 + 128 + parts.room + 2
+    prompts = [[3 + i % 50 for i in range(64)], [9, 2]]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=128)
+    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), FALL_BACK, SamplingParams(),
+                  row_keys(None, 2), 128, draft_len=8)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    assert np.all(np.asarray(out.finish_reason) == 2)   # "length": max_new_tokens, not the cache

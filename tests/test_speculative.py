@@ -195,6 +195,8 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
         _, fresh = prefill(target.params, target.config, tokens, jnp.asarray([len(text)], jnp.int32), 64)
         tcache, fresh = to_stacked(tcache), to_stacked(fresh)
         n = len(text)
+        # float32 sums over differently shaped caches (decode's capacity, the prefill's 64) differ
+        # in the last bits: ~1e-5 on K/V entries of ~1e-2; a wrong token or slot is off by ~1.
         for ours, ref in ((tcache.k, fresh.k), (tcache.v, fresh.v)):
             np.testing.assert_allclose(np.asarray(ours)[:, row, :, :n], np.asarray(ref)[:, 0, :, :n],
-                                       rtol=1e-4, atol=1e-5)
+                                       rtol=1e-4, atol=3e-5)

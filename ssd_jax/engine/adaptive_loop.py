@@ -5,8 +5,8 @@ while they do not, all inside one jitted program (no host round trip).
         speculative steps while they pay (at least one, a probe, unless backing off), each
             drafting up to the length that pays best (parts with `dispatch_caps`: one compiled
             step per cap, chosen once per run of steps at the same cap)
-        plain decoding steps while speculation does not pay, the draft falling behind by at
-            most `pending_width` tokens
+        plain decoding steps while speculation does not pay (checked every PLAIN_BLOCK steps,
+            single steps near the end), the draft falling behind by at most `pending_width` tokens
         the draft reads the tokens it missed (one forward)
 
 The loop keeps, per row and draft position k, decayed sums of how often a step's draft reached
@@ -92,6 +92,9 @@ MAX_BACKOFF = 8
 ROW_POOLING = 4.0
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
+# Plain steps between checks of whether speculation pays, on every backend (each check is a few
+# tens of small ops: at batch 8 on CPU, checking every plain step cost PLD's fallback ~3% of AR).
+PLAIN_BLOCK = 4
 
 
 def pending_width(plan) -> int:
@@ -363,6 +366,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # cost model's small kernels (H100, embedded pair: checks every 4 steps took PLD's plain
     # fallback from 0.74x to 0.80x AR, SD "auto" at batch 8 from 0.91x to 0.99x).
     steps_per_check = policy_for(tparams).adaptive_steps_per_check
+    plain_block = max(steps_per_check, PLAIN_BLOCK)
 
     def speculative_step(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         d = s.decode
@@ -401,18 +405,33 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                          reached=DECAY * s.reached + s.long_reached / s.long_steps,
                          accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
 
-    def repeated(step, s: AdaptiveState) -> AdaptiveState:
-        """`steps_per_check` steps of `step` with no check between them: a loop whose trip count
-        is static, which XLA:GPU runs without reading a predicate back to the host."""
-        if steps_per_check == 1:
+    def repeated(step, s: AdaptiveState, count: int = steps_per_check) -> AdaptiveState:
+        """`count` steps of `step` with no check between them: a loop whose trip count is
+        static, which XLA:GPU runs without reading a predicate back to the host."""
+        if count == 1:
             return step(s)
-        return jax.lax.fori_loop(0, steps_per_check, lambda _, s: step(s), s)
+        return jax.lax.fori_loop(0, count, lambda _, s: step(s), s)
 
     def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         return decide(repeated(functools.partial(speculative_step, width=width), s))
 
-    def plain(s: AdaptiveState) -> AdaptiveState:
-        return recheck(repeated(plain_step, s))
+    def plain(s: AdaptiveState, count: int) -> AdaptiveState:
+        return recheck(repeated(plain_step, s, count))
+
+    def plain_blocks(s: AdaptiveState, count: int) -> AdaptiveState:
+        """Blocks of `count` plain steps while speculation does not pay, the block fits in the
+        pending buffer and (blocks longer than a check's) before any running row would finish
+        inside it."""
+        room = s.pending.shape[1] - count
+
+        def more(s: AdaptiveState) -> jax.Array:
+            go = running(s) & ~s.pays & (jnp.max(s.pending_len) <= room)
+            if count > steps_per_check:
+                outputs = s.decode.outputs
+                go &= jnp.min(jnp.where(outputs.done, count, max_new - outputs.num_out)) >= count
+            return go
+
+        return jax.lax.while_loop(more, functools.partial(plain, count=count), s)
 
     def phase(s: AdaptiveState) -> AdaptiveState:
         probe = s.wait <= 0
@@ -442,8 +461,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         s = s.replace(backoff=backoff, wait=wait)
         pending, pending_len = parts.pending(s.decode.inner)
         s = s.replace(pending=pending, pending_len=pending_len)
-        room = s.pending.shape[1] - steps_per_check   # a block of plain steps must fit in pending
-        s = jax.lax.while_loop(lambda s: running(s) & ~s.pays & (jnp.max(s.pending_len) <= room), plain, s)
+        s = plain_blocks(s, plain_block)
+        if plain_block > steps_per_check:
+            # The rest of the phase one check block at a time: near the end of the call, where a
+            # block would decode past every row's last token, and to fill the pending buffer.
+            s = plain_blocks(s, steps_per_check)
         inner = parts.resync(s.decode.inner, s.pending, s.pending_len)
         return s.replace(decode=s.decode.replace(inner=inner))
 

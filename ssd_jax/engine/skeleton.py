@@ -4,7 +4,8 @@ commit) and does the rest once: emission of the step's tokens, EOS and length li
 reasons, streaming and counters.
 
 A method supplies a `Parts` object (see `ssd_jax.engine.decoder.make_parts`):
-  capacity: int         target KV cache slots;
+  capacity: int         KV cache slots of the method's buffers (the target's cache takes at most
+                        the prompt, the outputs and one step's room: `target_capacity`);
   room: int             slots one step may need past the committed text (a row without them ends
                         with finish reason "length");
   counter_width: int    draft positions counted per step (0: no draft, only target calls count);
@@ -114,13 +115,24 @@ def fold_rows(keys: jax.Array, data) -> jax.Array:
     return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
 
 
+def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
+    """The target KV cache's slots: the parts' capacity, at most the prompt, the outputs and one
+    step's room (+2). Parts size their capacity for a draft's cache and context too (SD's and
+    CSD's drafters lag by up to a plain phase's tokens under adaptive speculation), which the
+    target never writes; and a decode step reads every slot of its cache: on the embedded target
+    at batch 8 on CPU an AR step took 5.5-5.9 ms with 192-224 slots and 7.2 ms with 240-256, a
+    cliff in the host's caches (SD "auto" had 236 slots on 64-token prompts, now 203)."""
+    return min(parts.capacity, prompt_width + out_size + parts.room + 2)
+
+
 def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
           max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int, stream: bool,
           placement=None) -> DecodeState:
     """Prefill, the first token and the loop state on entry (step 1)."""
     b = tokens.shape[0]
     ones = jnp.ones((b,), jnp.int32)
-    logits, tcache = prefill(tparams, tcfg, tokens, lengths, parts.capacity, placement)
+    logits, tcache = prefill(tparams, tcfg, tokens, lengths, target_capacity(parts, tokens.shape[1], out_size),
+                             placement)
     first = sample_rows(sampling, fold_rows(keys, 0), logits)
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
     if stream:
@@ -143,7 +155,7 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
     else:
         counters = counters.record_ar_step(active)
     # A row whose cache could not take another full step ends with reason "length".
-    outputs = stop_rows(outputs, verdict.tcache.lengths + parts.room > parts.capacity)
+    outputs = stop_rows(outputs, verdict.tcache.lengths + parts.room > verdict.tcache.capacity)
     return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
                        step=state.step + 1, inner=verdict.inner), appended
 
