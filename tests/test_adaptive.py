@@ -518,8 +518,8 @@ def test_remembered_values_are_bounded_and_tied_to_living_weights():
 
 def test_target_cache_leaves_out_the_drafts_lag(models):
     """Under "auto" SD and CSD size their buffers for drafters that lag by a plain phase; the
-    target's cache takes only the prompt, the outputs and one step's room, and rows still reach
-    max_new_tokens (greedy identity with AR right up to the trimmed cache's end)."""
+    target's cache of a chain (one path, PLD, CSD) takes only the prompt and the outputs, a
+    tree's also one step's room, and rows still reach max_new_tokens."""
     from ssd_jax.engine.decoder import make_parts
     from ssd_jax.engine.skeleton import target_capacity
 
@@ -527,11 +527,30 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
     plan = adaptive.AutoPlan(draft_len=8, threshold=0.5, capped=True)
     parts = make_parts(ssd_jax.SD(draft_len="auto"), target, draft, SamplingParams(), 64, 128, plan=plan)
     assert parts.capacity >= 64 + 128 + parts.room + 24
-    assert target_capacity(parts, 64, 128) == 64 + 128 + parts.room + 2
-    prompts = [[3 + i % 50 for i in range(64)], [9, 2]]
+    assert target_capacity(parts, 64, 128) == 64 + 128
+    for method in (ssd_jax.PLD(draft_len="auto"), ssd_jax.CSD(max_draft_tokens="auto")):
+        parts = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=plan)
+        assert target_capacity(parts, 64, 128) == 64 + 128
+    tree_plan = adaptive.AutoPlan(draft_len=8, threshold=None, capped=False)
+    for method in (ssd_jax.LogitSpec(draft_len=8, tree_size=16), ssd_jax.SpecInfer(draft_len=4, paths=2)):
+        parts = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=tree_plan)
+        assert target_capacity(parts, 64, 128) == 64 + 128 + parts.room + 2
+
+
+@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.PLD(draft_len="auto"),
+                                    ssd_jax.CSD(max_draft_tokens="auto")], ids=["sd", "pld", "csd"])
+def test_chains_speculate_up_to_the_end_of_a_cache_without_room(models, method):
+    """A chain's target cache has no slot past prompt + outputs, and every step speculates up to
+    8 tokens (the draft is the target, the prompts repeat): the last steps' drafts reach past the
+    cache, their writes are dropped, and the output is still AR's to the last token, ending on
+    max_new_tokens (a query that read a dropped slot, or a row stopped for want of room, fails)."""
+    target, _ = models
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
-    ar = ssd_jax.generate(target, prompts, max_new_tokens=128)
-    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), FALL_BACK, SamplingParams(),
-                  row_keys(None, 2), 128, draft_len=8)
+    prompts = [[3 + i % 50 for i in range(64)], [9, 2, 9, 2, 9, 2]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=61)
+    out = _decode(target, target, prompts, method, ALWAYS_SPECULATE, SamplingParams(), row_keys(None, 2), 61,
+                  draft_len=8)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     assert np.all(np.asarray(out.finish_reason) == 2)   # "length": max_new_tokens, not the cache
+    counters = jax.device_get(out.counters["spec"])
+    assert counters.num_drafted.sum() / counters.num_drafts.sum() > 2   # long drafts, to the last step

@@ -65,6 +65,7 @@ class ARParts:
     capacity: int
     room: int = 1
     counter_width: int = 0
+    chain_writes: bool = True
 
     def init(self, tokens, lengths, first, logits):
         return ()

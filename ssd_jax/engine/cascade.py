@@ -74,6 +74,8 @@ class CascadeParts:
     def room(self) -> int:
         return self.schedule.width + self.schedule.max_pending + 2
 
+    chain_writes = True   # the target verifies the block causally (`ssd_jax.engine.skeleton`)
+
     @property
     def counter_width(self) -> int:
         return self.schedule.target_width

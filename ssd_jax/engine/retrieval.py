@@ -86,6 +86,11 @@ class RetrievalParts:
         return self.layout.num_nodes
 
     @property
+    def chain_writes(self) -> bool:
+        """PLD's copy is verified as a causal block, LogitSpec's tree as a tree."""
+        return self.method.name == "pld"
+
+    @property
     def counter_width(self) -> int:
         return self.layout.max_depth
 

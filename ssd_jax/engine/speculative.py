@@ -85,6 +85,11 @@ class SpeculativeParts:
         return self.num_paths * self.num_draft_tokens + 1
 
     @property
+    def chain_writes(self) -> bool:
+        """One path is verified as a causal block; several as a tree (`ssd_jax.engine.skeleton`)."""
+        return not self.multi_path
+
+    @property
     def draft_len(self) -> int:
         return self.num_draft_tokens
 
