@@ -164,7 +164,7 @@ FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5, 0.0], np.float32)
 ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
 
 
-def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2):
+def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):
     lengths = np.array([len(p) for p in prompts], np.int32)
     tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
     for b, p in enumerate(prompts):
@@ -174,7 +174,7 @@ def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draf
                              capped=single or method.name in ("pld", "csd"))
     fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
         t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
-        eos_ids=tuple(target.config.eos_token_ids or ()), out_size=max_new,
+        eos_ids=tuple(target.config.eos_token_ids or ()), out_size=out_size or max_new,
         plan=plan, costs=c))
     return fn(target, draft, tokens, lengths, keys, costs)
 
@@ -293,14 +293,17 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     sampling = SamplingParams(temperature=1.0)
     prompt = [0, 2, 1, 0, 2]
     keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
-    out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW, draft_len=draft_len)
+    # Output slots past NEW: the caches then hold a tree's room (a tree steps only where it fits).
+    out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW, draft_len=draft_len,
+                  out_size=NEW + 8)
     counts = np.zeros((VOCAB,) * NEW)
-    for row in np.asarray(out.tokens):
+    for row in np.asarray(out.tokens)[:, :NEW]:
         counts[tuple(row)] += 1
     freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
     sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
     assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
     counters = jax.device_get(out.counters["spec"])
+    assert counters.num_drafts.min() > 0   # every row verified a draft (a probe at least)
     if getattr(method, "paths", None) == 1:   # the early stop or a cap happened: some rows proposed fewer tokens
         assert counters.num_drafted.sum() < draft_len * counters.num_drafts.sum()
     if 0 < costs[4] < draft_len:   # a forced cap held every draft to it
@@ -533,24 +536,33 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
         assert target_capacity(parts, 64, 128) == 64 + 128
     tree_plan = adaptive.AutoPlan(draft_len=8, threshold=None, capped=False)
     for method in (ssd_jax.LogitSpec(draft_len=8, tree_size=16), ssd_jax.SpecInfer(draft_len=4, paths=2)):
-        parts = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=tree_plan)
-        assert target_capacity(parts, 64, 128) == 64 + 128 + parts.room + 2
+        fixed = make_parts(method, target, draft, SamplingParams(), 64, 128)
+        assert target_capacity(fixed, 64, 128) == 64 + 128 + fixed.room + 2
+        # Under the adaptive loop, which decodes plainly while a tree lacks room:
+        gated = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=tree_plan)
+        assert target_capacity(gated, 64, 128) == 64 + 128
 
 
 @pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.PLD(draft_len="auto"),
-                                    ssd_jax.CSD(max_draft_tokens="auto")], ids=["sd", "pld", "csd"])
-def test_chains_speculate_up_to_the_end_of_a_cache_without_room(models, method):
-    """A chain's target cache has no slot past prompt + outputs, and every step speculates up to
-    8 tokens (the draft is the target, the prompts repeat): the last steps' drafts reach past the
-    cache, their writes are dropped, and the output is still AR's to the last token, ending on
-    max_new_tokens (a query that read a dropped slot, or a row stopped for want of room, fails)."""
+                                    ssd_jax.CSD(max_draft_tokens="auto"),
+                                    ssd_jax.LogitSpec(draft_len="auto", tree_size=16),
+                                    ssd_jax.SpecInfer(draft_len="auto", paths=2)],
+                         ids=["sd", "pld", "csd", "logitspec", "specinfer"])
+def test_speculation_up_to_the_end_of_a_cache_without_room(models, method):
+    """The target's cache has no slot past prompt + outputs under "auto", and every step it can
+    speculates up to 8 tokens (the draft is the target, the prompts repeat). A chain's last drafts
+    reach past the cache, their writes dropped; a tree decodes plainly once a row lacks its room.
+    The output is still AR's to the last token, ending on max_new_tokens (a query that read a
+    dropped slot, or a row stopped for want of room, fails)."""
     target, _ = models
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     prompts = [[3 + i % 50 for i in range(64)], [9, 2, 9, 2, 9, 2]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=61)
     out = _decode(target, target, prompts, method, ALWAYS_SPECULATE, SamplingParams(), row_keys(None, 2), 61,
-                  draft_len=8)
+                  draft_len=8 if method.name != "specinfer" else 4)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     assert np.all(np.asarray(out.finish_reason) == 2)   # "length": max_new_tokens, not the cache
     counters = jax.device_get(out.counters["spec"])
     assert counters.num_drafted.sum() / counters.num_drafts.sum() > 2   # long drafts, to the last step
+    trees = method.name in ("logitspec", "specinfer")
+    assert (counters.ar_steps.max() > 0) == trees   # plain steps only where a tree lacked room

@@ -64,7 +64,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, start
+from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, room_gated, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
@@ -308,6 +308,14 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     def running(s: AdaptiveState):
         return ~jnp.all(s.decode.outputs.done)
 
+    def fits(s: AdaptiveState) -> jax.Array:
+        """Whether every running row has room for a speculative step (`room_gated` parts: a tree
+        whose target cache has none past prompt + outputs; the rest always)."""
+        if not room_gated(parts):
+            return jnp.ones((), bool)
+        cache = s.decode.tcache
+        return jnp.all(s.decode.outputs.done | (cache.lengths + parts.room <= cache.capacity))
+
     def pooled(reached, accepted, running_rows):
         return (reached, accepted) if batch == 1 else toward_batch(reached, accepted, running_rows)
 
@@ -425,7 +433,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         room = s.pending.shape[1] - count
 
         def more(s: AdaptiveState) -> jax.Array:
-            go = running(s) & ~s.pays & (jnp.max(s.pending_len) <= room)
+            go = running(s) & (~s.pays | ~fits(s)) & (jnp.max(s.pending_len) <= room)
             if count > steps_per_check:
                 outputs = s.decode.outputs
                 go &= jnp.min(jnp.where(outputs.done, count, max_new - outputs.num_out)) >= count
@@ -437,7 +445,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         probe = s.wait <= 0
 
         def speculating(s: AdaptiveState):
-            return running(s) & ((probe & (s.spec_steps == 0)) | s.pays)
+            return running(s) & fits(s) & ((probe & (s.spec_steps == 0)) | s.pays)
 
         if dispatch is None:
             s = jax.lax.while_loop(speculating, speculative, s.replace(spec_steps=zero))

@@ -11,6 +11,8 @@ A method supplies a `Parts` object (see `ssd_jax.engine.decoder.make_parts`):
   chain_writes: bool    (optional, default False) whether a step writes the token at depth i of its
                         draft to target slot lengths + i (one chain, no tree): then the target's
                         cache needs no room past the prompt and the outputs (`target_capacity`);
+  pending_width: int    (optional) > 0 where the parts run under the adaptive loop, which decodes
+                        plainly while a tree step lacks room (`room_gated`).
   counter_width: int    draft positions counted per step (0: no draft, only target calls count);
   init(tokens, lengths, first, logits) -> inner   the method's own loop state (a pytree);
   step(state, keys, active) -> Verdict            one step; keys uint32 [B, 2] are this step's
@@ -119,21 +121,22 @@ def fold_rows(keys: jax.Array, data) -> jax.Array:
 
 
 def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
-    """The target KV cache's slots: the parts' capacity, at most the prompt and the outputs (parts
-    with `chain_writes`) or those and one step's room (+2). Parts size their capacity for a
-    draft's cache and context too (SD's and CSD's drafters lag by up to a plain phase's tokens
-    under adaptive speculation), which the target never writes; and a decode step reads every
-    slot of its cache: on the embedded target at batch 8 on CPU an AR step took 5.5-5.9 ms with
-    192-224 slots and 7.2 ms with 240-256, a cliff in the host's caches, and PLD's plain fallback
-    ran at 0.96x AR with 203 slots on 64-token prompts, 1.04x with AR's 192.
+    """The target KV cache's slots: the parts' capacity, at most the prompt and the outputs
+    (`chain_writes` or `room_gated` parts) or those and one step's room (+2). Parts size their
+    capacity for a draft's cache and context too (SD's and CSD's drafters lag by up to a plain
+    phase's tokens under adaptive speculation), which the target never writes; and a decode step
+    reads every slot of its cache: on the embedded target at batch 8 on CPU an AR step took
+    5.5-5.9 ms with 192-224 slots and 7.2 ms with 240-256, a cliff in the host's caches, and
+    PLD's plain fallback ran at 0.96x AR with 203 slots on 64-token prompts, 1.04x with AR's 192.
 
     A chain needs no room: a row with n tokens out holds its prompt and n - 1 of them, and the
     step's query at depth i, at slot lengths + i, gives the law of output n + 1 + i, kept only up
     to max_new <= out_size, so every kept query's slot and the slots it reads are below
     prompt + out_size. Writes past the cache are dropped (`ssd_jax.models.kv_cache`) and only the
     queries past the last kept token see the loss. A tree writes node j at slot lengths + j
-    whatever its depth, so it keeps the room."""
-    if chain_writes(parts):
+    whatever its depth, so it needs the room, or (`room_gated`) a loop that decodes plainly while
+    a running row lacks it."""
+    if chain_writes(parts) or room_gated(parts):
         return min(parts.capacity, prompt_width + out_size)
     return min(parts.capacity, prompt_width + out_size + parts.room + 2)
 
@@ -141,6 +144,22 @@ def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
 def chain_writes(parts: Parts) -> bool:
     """The parts' `chain_writes` (False where they do not say)."""
     return bool(getattr(parts, "chain_writes", False))
+
+
+def room_gated(parts: Parts) -> bool:
+    """Whether the parts' steps run only while every running row has `room` slots left (trees
+    under the adaptive loop, which decodes plainly otherwise: at batch 8 the room was 8-10% of
+    the slots every step reads, a tree's last ~room tokens decoding plainly instead)."""
+    return not chain_writes(parts) and getattr(parts, "pending_width", 0) > 0
+
+
+def step_room(parts: Parts, outputs: Outputs, max_new: jax.Array) -> jax.Array | int:
+    """Slots a running row needs past its committed text for the loop's next step: a chain's
+    room, at most the tokens the row may still emit; a gated tree's plain step's one; else the
+    room (int32 [B] or int)."""
+    if chain_writes(parts):
+        return jnp.minimum(parts.room, max_new - outputs.num_out)
+    return 1 if room_gated(parts) else parts.room
 
 
 def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
@@ -172,12 +191,8 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
         counters = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
     else:
         counters = counters.record_ar_step(active)
-    # A row whose cache could not take another full step ends with reason "length" (a chain needs
-    # slots only for the tokens the row may still emit: see `target_capacity`).
-    need = parts.room
-    if chain_writes(parts):
-        need = jnp.minimum(need, max_new - outputs.num_out)
-    outputs = stop_rows(outputs, verdict.tcache.lengths + need > verdict.tcache.capacity)
+    # A row whose cache could not take another step ends with reason "length".
+    outputs = stop_rows(outputs, verdict.tcache.lengths + step_room(parts, outputs, max_new) > verdict.tcache.capacity)
     return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
                        step=state.step + 1, inner=verdict.inner), appended
 
