@@ -55,6 +55,11 @@ def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, r
                       acceptance_per_position=(per_position / drafts).tolist())
     for name in extra or ():
         result[name] = float(sum(o.stats.get(name, 0.0) for o in outs))
+    if "loop_costs" in outs[0].stats:
+        # The adaptive loop's calibrated inputs of the first timed call (AR step s, speculative
+        # step s without draft forwards, s per draft forward or verified token, prior acceptance,
+        # forced cap): what its choices between speculating and plain decoding were made from.
+        result["loop_costs"] = [float(x) for x in outs[0].stats["loop_costs"]]
     return result
 
 
