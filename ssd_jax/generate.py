@@ -16,7 +16,7 @@ from ssd_jax.decode import check_models, check_positions
 from ssd_jax.engine import ssd_auto
 from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.autoregressive import loop_params
-from ssd_jax.engine.compile_cache import PROGRAMS
+from ssd_jax.engine.compile_cache import PROGRAMS, signature
 from ssd_jax.engine.decoder import decode_arrays, split_cascade
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import bucket, prepare_prompts, row_keys
@@ -191,7 +191,9 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
     program_key = ("decode", method, sampling, eos_ids, out_size, streaming, auto and auto.plan)
     executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
     if auto is not None and not streaming:
-        args = args[:-1] + (auto.calibrate(executable, args, program_key),)
+        # Keyed like the executable (argument shapes too): a program for another batch, prompt
+        # bucket or model pair has step costs of its own.
+        args = args[:-1] + (auto.calibrate(executable, args, (program_key, signature(args))),)
     start = time.perf_counter()
     with streaming_to(stream):
         output = jax.block_until_ready(executable(*args))
@@ -215,16 +217,19 @@ class _Auto:
     loop_inputs: np.ndarray
     costs: object
     memory_key: tuple
-    measure_s: float
+    measure_s: float   # seconds this call spent measuring costs (0 where the process had them)
 
-    def calibrate(self, executable, args: tuple, program_key) -> jax.Array:
-        """The loop's cost inputs measured on the call's own compiled program (once per program):
-        a short run forced to speculate and one forced to decode plainly give the step times
-        that the per-forward measurement misses (sampling, verification, bookkeeping)."""
+    def calibrate(self, executable, args: tuple, calibration_key) -> jax.Array:
+        """The loop's cost inputs measured on the call's own compiled program (once per program,
+        kept under calibration_key): a short run forced to speculate and one forced to decode
+        plainly give the step times that the per-forward measurement misses (sampling,
+        verification, bookkeeping)."""
         from ssd_jax.engine.adaptive import calibrated_inputs
 
-        inputs = calibrated_inputs(executable, args, program_key, self.costs, self.loop_inputs,
+        start = time.perf_counter()
+        inputs = calibrated_inputs(executable, args, calibration_key, self.costs, self.loop_inputs,
                                    takes_cap=self.plan.capped)
+        self.measure_s += time.perf_counter() - start
         self.loop_inputs = inputs
         costs = args[-1]
         return jax.device_put(inputs, costs.sharding)

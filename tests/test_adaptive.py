@@ -345,6 +345,24 @@ def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
     assert out.stats["loop_costs"][:3] != adaptive.UNMEASURED.loop_array(9).tolist()  # measured
 
 
+def test_each_program_is_calibrated_on_its_own(models, monkeypatch):
+    """The loop's costs are calibrated once per compiled program, argument shapes included: a
+    call whose prompts fall in another length bucket (another program, other step costs) is
+    measured anew, while a repeated shape reuses the calibration."""
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
+    monkeypatch.setattr(adaptive, "ACCEPTANCE", adaptive.AcceptanceMemory())
+    target, _ = models
+    method = ssd_jax.PLD(draft_len="auto")
+    short, long = [[3, 4, 5, 3, 4]], [[3 + i % 50 for i in range(60)]]
+    first = ssd_jax.generate(target, short, max_new_tokens=16, method=method)
+    again = ssd_jax.generate(target, short, max_new_tokens=16, method=method)
+    assert len(adaptive._CALIBRATION) == 1 and again.stats["loop_costs"][:3] == first.stats["loop_costs"][:3]
+    assert again.stats["cost_measure_time_s"] < first.stats["cost_measure_time_s"]   # calibration counted
+    ssd_jax.generate(target, long, max_new_tokens=16, method=method)
+    assert len(adaptive._CALIBRATION) == 2
+
+
 def test_deterministic_auto_decides_without_timings(models, monkeypatch):
     """SSD_JAX_DETERMINISTIC_AUTO=1: the loop's costs are the fixed UNMEASURED ones and a sampled
     call gives the same tokens every time."""
