@@ -3,6 +3,8 @@
 For each prompt set, temperature and batch size, in one interleaved run (`spec_harness`): AR,
 the method at every fixed L in --lengths, and draft_len="auto" (at each --thresholds value). The
 acceptance remembered by "auto" is cleared before each set, so every set starts from the prior.
+Calibrations are measured in the run itself (kept in memory, not read from or written to the
+on-disk store, `ssd_jax.engine.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
 
 Prompt sets (the embedded pair's tokenizer):
   code      held-out stdlib code, 128-token prompts (the draft's home ground)
@@ -34,6 +36,8 @@ from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # no
 from benchmarks.spec_harness import run_configs  # noqa: E402
 from ssd_jax.engine import adaptive, ssd_auto  # noqa: E402
 
+# A table must not depend on calibrations an earlier run left on disk.
+os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 # Per-call stats kept for every configuration (means over the set's calls; 0 where a method has none).
 EXTRA = ("ar_fallback_share", "mean_draft_len", "planned_draft_len", "num_paths", "tree_nodes")

@@ -22,6 +22,9 @@ if os.environ.get("SSD_JAX_TEST_XLA_DEFAULTS") != "1":
 # exactness never depends on the costs, and measuring them for every new program would add
 # minutes to the suite. The tests of the measurements turn it off (monkeypatch.delenv).
 os.environ["SSD_JAX_DETERMINISTIC_AUTO"] = "1"
+# Calibrations stay in memory (`ssd_jax.engine.calibration_store`): a test of the measurements
+# must measure, not find a file an earlier run left in ~/.cache.
+os.environ["SSD_JAX_CALIBRATION_DIR"] = ""
 
 from hf_models import FAMILY_CONFIGS, make_hf_model  # noqa: E402
 

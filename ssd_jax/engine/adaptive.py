@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.engine import calibration_store
+
 PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
 ACCEPTANCE_MEMORY = 0.5   # weight of the previous calls in the remembered acceptance
 _LOOP_FORWARDS = 16
@@ -463,14 +465,18 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     step. The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
     rounds of its ratio to the same round's AR step (times the median AR step): this machine's
     speed drifts by tens of percent within seconds, which separate best-of timings took for
-    differences between the programs. Kept per program; the prior acceptance stays the plan's.
-    Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`, unmeasured."""
+    differences between the programs. Kept per program (program_key) for the process, and on
+    disk per program and machine (`ssd_jax.engine.calibration_store`), so a new process finds
+    it; the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`, unmeasured."""
     if not timings_allowed():
         return np.asarray(planned, np.float32)
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
     if calibration is None:
-        calibration = tuple(float(x) for x in agreed(np.asarray(_calibrate(executable, args, costs, takes_cap))))
+        calibration = calibration_store.load(executable)
+        if calibration is None:
+            calibration = tuple(float(x) for x in agreed(np.asarray(_calibrate(executable, args, costs, takes_cap))))
+            calibration_store.save(executable, calibration)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
     t_ar, t_spec_fixed, c_draft = calibration

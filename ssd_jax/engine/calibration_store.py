@@ -1,0 +1,123 @@
+"""Calibrations of adaptive speculation kept on disk: a compiled program's step costs are measured
+once per machine, not once per process (`ssd_jax.engine.adaptive.calibrated_inputs`).
+
+Measuring them runs the program ~20 times on a few tokens: on the embedded pair on a 2-core CPU
+at batch 8, 3-8 s, several times a 128-token call itself, which every new process (the command
+line, a notebook restart) paid again. An entry is one small JSON file named by a digest of
+
+    the program's optimized HLO text (what runs: model shapes, method, batch, buckets, sampling)
+    the machine (backend, device kind, CPU model, core count, jax and jaxlib versions, XLA_FLAGS)
+    FORMAT (bumped whenever what a calibration measures changes)
+
+so another program, machine or library version never reads it. Files are written to a temporary
+name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
+absent (and is measured again and replaced).
+
+Where: $SSD_JAX_CALIBRATION_DIR, else ~/.cache/ssd_jax/calibration ($XDG_CACHE_HOME honoured).
+SSD_JAX_CALIBRATION_DIR="" (empty) keeps calibrations in memory only, as does a program that
+spans several processes (every process must take part in measuring it, so none may skip it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import tempfile
+import warnings
+
+import jax
+
+FORMAT = 1
+DIR_ENV = "SSD_JAX_CALIBRATION_DIR"
+
+
+def store_dir() -> str | None:
+    """The directory calibrations are kept in, None when they are kept in memory only."""
+    if DIR_ENV in os.environ:
+        return os.environ[DIR_ENV] or None
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ssd_jax", "calibration")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def machine() -> dict:
+    """What a calibration's timings depend on besides the program."""
+    import jaxlib
+
+    device = jax.devices()[0]
+    return dict(backend=device.platform, device_kind=device.device_kind, devices=jax.device_count(),
+                cpu=_cpu_model(), cores=os.cpu_count(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                xla_flags=os.environ.get("XLA_FLAGS", ""))
+
+
+def entry_name(executable) -> str | None:
+    """The file name of the program's calibration (a digest), None where the program's text
+    cannot be had."""
+    try:
+        text = executable.as_text()
+    except Exception:   # noqa: BLE001 - an executable without text is simply not kept on disk
+        return None
+    if not text:
+        return None
+    digest = hashlib.sha256()
+    digest.update(json.dumps(dict(format=FORMAT, machine=machine()), sort_keys=True).encode())
+    digest.update(text.encode())
+    return digest.hexdigest()[:32] + ".json"
+
+
+def _path(executable) -> str | None:
+    directory = store_dir()
+    if directory is None or jax.process_count() > 1:
+        return None
+    name = entry_name(executable)
+    return None if name is None else os.path.join(directory, name)
+
+
+def load(executable) -> tuple[float, ...] | None:
+    """The program's calibration from disk, None if there is none (or it is unreadable)."""
+    path = _path(executable)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            values = json.load(f)["costs"]
+        values = tuple(float(v) for v in values)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return values if values and all(math.isfinite(v) and v >= 0 for v in values) else None
+
+
+def save(executable, values: tuple[float, ...]) -> None:
+    """Keeps the program's calibration on disk (atomically); a directory that cannot be written
+    leaves it in memory only."""
+    path = _path(executable)
+    if path is None:
+        return
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(dict(format=FORMAT, costs=[float(v) for v in values], machine=machine()), f)
+            os.replace(temporary, path)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except OSError as error:
+        warnings.warn(f"ssd_jax: adaptive speculation's calibration kept in memory only, as {directory!r} "
+                      f"cannot be written ({error}); set {DIR_ENV} to a writable directory, or to '' to "
+                      "silence this", stacklevel=3)

@@ -1,0 +1,102 @@
+"""Adaptive speculation's calibrations kept on disk (`ssd_jax.engine.calibration_store`): measured
+once per program and machine, found again by a new process, never read half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import ssd_jax
+from ssd_jax.engine import adaptive, calibration_store
+from spec_models import pair
+
+TESTS = os.path.dirname(__file__)
+ROOT = os.path.dirname(TESTS)
+
+# One PLD "auto" call on the adaptive tests' tiny pair; prints the loop's measured costs and how
+# many times the program was calibrated.
+SCRIPT = """
+import json
+import ssd_jax
+from ssd_jax.engine import adaptive
+from spec_models import pair
+
+measured = []
+calibrate = adaptive._calibrate
+adaptive._calibrate = lambda *args, **kwargs: measured.append(1) or calibrate(*args, **kwargs)
+target, _ = pair(vocab=64, seed=0, noise=0.3)
+out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
+print(json.dumps(dict(costs=out.stats["loop_costs"][:3], calibrations=len(measured))))
+"""
+
+
+def _call(directory) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != adaptive.DETERMINISTIC_ENV}
+    env.update({calibration_store.DIR_ENV: str(directory), "PYTHONPATH": os.pathsep.join([TESTS, ROOT]),
+                "JAX_PLATFORMS": "cpu"})
+    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_new_process_finds_the_calibration(tmp_path):
+    first = _call(tmp_path)
+    files = os.listdir(tmp_path)
+    assert first["calibrations"] == 1 and len(files) == 1 and files[0].endswith(".json")
+    second = _call(tmp_path)
+    assert second["calibrations"] == 0 and second["costs"] == first["costs"]
+    assert os.listdir(tmp_path) == files
+
+
+@pytest.fixture
+def timed(monkeypatch, tmp_path):
+    """Measured costs, a fresh in-process memory and a calibration directory of the test's own."""
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
+    calls = []
+    calibrate = adaptive._calibrate
+    monkeypatch.setattr(adaptive, "_calibrate", lambda *a, **k: calls.append(1) or calibrate(*a, **k))
+    target, _ = pair(vocab=64, seed=0, noise=0.3)
+
+    def call():
+        adaptive._CALIBRATION.clear()   # as in a new process
+        out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
+        return out.stats["loop_costs"][:3]
+
+    return call, calls
+
+
+def test_a_damaged_file_is_measured_again_and_replaced(timed, tmp_path):
+    call, calls = timed
+    costs = call()
+    (entry,) = tmp_path.iterdir()
+    for damaged in ("{", json.dumps(dict(costs=[1.0, float("nan"), 0.0])), json.dumps(dict(costs="fast"))):
+        entry.write_text(damaged)
+        call()
+        assert len(json.loads(entry.read_text())["costs"]) == 3
+    assert len(calls) == 4
+    call()
+    assert len(calls) == 4 and len(costs) == 3
+
+
+def test_an_unwritable_directory_warns_and_keeps_the_calibration_in_memory(timed, tmp_path, monkeypatch):
+    call, calls = timed
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setenv(calibration_store.DIR_ENV, str(blocker / "calibration"))
+    with pytest.warns(UserWarning, match="kept in memory only"):
+        call()
+    assert len(calls) == 1 and len(adaptive._CALIBRATION) == 1
+
+
+def test_an_empty_directory_setting_keeps_nothing_on_disk(monkeypatch):
+    monkeypatch.setenv(calibration_store.DIR_ENV, "")
+    assert calibration_store.store_dir() is None
+    monkeypatch.delenv(calibration_store.DIR_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+    assert calibration_store.store_dir() == os.path.join("/somewhere", "ssd_jax", "calibration")
