@@ -15,7 +15,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `logitspec_tree_size` (LogitSpec's default node budget) | 8 | 16 | 64 |
 | `min_decode_rows` (AR decodes at least this many rows) | 1 | 2 | 1 |
 | `adaptive_steps_per_check` (adaptive loop: steps between its checks and choices) | 1 | 4 | 1 |
-| `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step) | yes | no | yes |
+| `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 2 | 1 | 2 |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.

@@ -270,9 +270,11 @@ def tiny_models():
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
+    (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 2),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
         "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
-        "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain"])
+        "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain",
+        "csd-chosen-caps"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
     """T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width

@@ -105,14 +105,25 @@ class CascadeParts:
         width = self.schedule.target_width
         return switched_caps(width, self.tparams) if self.takes_cap else (width,)
 
-    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
+    def dispatch_caps(self, batch: int) -> tuple[int, ...] | None:
+        """The caps the adaptive loop compiles one step for and dispatches on once per run of steps
+        at that cap (`step(width=n)`), at batch >= 2 where verification has several compiled
+        widths; None (batch 1, or one width) where each step picks its width (`step`). A switch
+        per step passes the target's KV cache through the conditional, which XLA:CPU copies: at
+        batch 8 on the embedded models a step forced to cap 2 took 17.8 ms against 15.3 ms for
+        fixed L=2, and 13.8 ms against 14.0 ms with no switch. The cascade is then compiled once
+        per cap (a longer compile)."""
+        caps = with_one(self.verify_caps)
+        return caps if self.takes_cap and batch >= 2 and len(self.verify_caps) > 1 else None
+
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
+             width: int | None = None) -> Verdict:
         """One cascade step; cap int32 []: the most draft tokens the target verifies (`takes_cap`:
         the narrowest compiled width holding every active row's capped draft, a choice made from
-        the drafts alone). The cascade drafts as scheduled at every cap and is compiled once; only
-        the verification is switched per step (a whole step compiled per cap, chosen once per run
-        of steps as SD does at batch > 1, would compile the cascade five times at T=0). At batch 8
-        on CPU a 10-token verification costs ~2.3x a 1-token one: with the default cap of 9 at
-        T=0 "auto" ran at 0.78-0.92x AR where a cap of 2 ran at 1.19-1.30x."""
+        the drafts alone, or `width` (static, >= cap) where the loop dispatches per cap). The
+        cascade drafts as scheduled at every cap. At batch 8 on CPU a 10-token verification
+        costs ~2.3x a 1-token one: with the default cap of 9 at T=0 "auto" ran at 0.78-0.92x AR
+        where a cap of 2 ran at 1.19-1.30x."""
         checked = self.schedule.target_width  # the target verifies at most the first `checked` tokens of the block
         capacity, dstate = self.capacity, state.inner
         rows = jnp.arange(keys.shape[0])
@@ -121,7 +132,7 @@ class CascadeParts:
         # Every valid draft position gets its law written this step; the rest are never read as
         # valid, so last step's values can stay.
         dstate = self._drafter().draft(dstate.replace(base=base), keys, active)
-        limit = checked if cap is None or not self.takes_cap else jnp.clip(cap, 1, checked)
+        limit = checked if cap is None or not self.takes_cap else jnp.clip(cap, 1, checked if width is None else width)
         valid = jnp.minimum(dstate.length - base, limit)
         block_positions = position[:, None] + jnp.arange(checked + 1, dtype=jnp.int32)[None, :]
         block = jnp.take_along_axis(dstate.context, jnp.clip(block_positions, 0, capacity - 1), axis=1)
@@ -140,9 +151,12 @@ class CascadeParts:
                 jnp.asarray(n - 1, jnp.int32)
 
         caps = self.verify_caps
+        if width is not None:
+            caps = (width,)
+        elif len(caps) > 1:
+            caps = with_one(caps)
         accepted, next_token, tcache, forwards = at_narrowest(
-            caps if len(caps) == 1 else with_one(caps), jnp.max(jnp.where(active, valid, 0)), verify_width,
-            state.tcache)
+            caps, jnp.max(jnp.where(active, valid, 0)), verify_width, state.tcache)
 
         # The text becomes context[:base + accepted] + [next]; a finished row keeps its text.
         end = jnp.where(active, base + accepted, position)
