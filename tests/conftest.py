@@ -82,6 +82,8 @@ SLOW = {
     "test_ssd.py::test_sampled_law_with_top_k": None,
     "test_pallas_attention.py::test_greedy_decoding_through_the_kernel_equals_the_reference": {"sd"},
     "test_ssd.py::test_auto_remembers_that_ssd_was_slower": {"True"},
+    "test_adaptive.py::test_speculation_up_to_the_end_of_a_cache_without_room": {"sd", "specinfer"},
+    "test_adaptive.py::test_sampled_law_with_adaptive_lengths": {"csd-chosen-caps"},
 }
 
 
