@@ -57,8 +57,10 @@ def machine() -> dict:
     """What a calibration's timings depend on besides the program."""
     import jaxlib
 
-    device = jax.devices()[0]
-    return dict(backend=device.platform, device_kind=device.device_kind, devices=jax.device_count(),
+    from ssd_jax.backend import default_platform
+
+    return dict(backend=default_platform(), device_kinds=sorted({d.device_kind for d in jax.devices()}),
+                devices=jax.device_count(),
                 cpu=_cpu_model(), cores=os.cpu_count(), jax=jax.__version__, jaxlib=jaxlib.__version__,
                 xla_flags=os.environ.get("XLA_FLAGS", ""))
 
