@@ -400,7 +400,8 @@ FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
 
 def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tuple[float, float, float]:
     """(AR step, speculative step without draft forwards, one draft forward) in seconds, from
-    interleaved forced runs (see `calibrated_inputs`)."""
+    interleaved forced runs (see `calibrated_inputs`). A change to what this returns must bump
+    `calibration_store.FORMAT`, or calibrations kept on disk would be read with the new meaning."""
     tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
 
     def runner(forced, max_new):
@@ -467,7 +468,8 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     speed drifts by tens of percent within seconds, which separate best-of timings took for
     differences between the programs. Kept per program (program_key) for the process, and on
     disk per program and machine (`ssd_jax.engine.calibration_store`), so a new process finds
-    it; the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`, unmeasured."""
+    it; the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1
+    (`timings_allowed`): `planned`, unmeasured."""
     if not timings_allowed():
         return np.asarray(planned, np.float32)
     with _COSTS_LOCK:
