@@ -63,6 +63,7 @@ the platform of JAX's default device, which is where an unannotated jit compiles
 from __future__ import annotations
 
 import dataclasses
+import platform
 from typing import Any, Callable
 
 import jax
@@ -153,6 +154,18 @@ def per_platform(x: jax.Array, *, cpu: Callable, default: Callable):
     """`cpu(x)` in programs compiled for CPU, `default(x)` elsewhere: the choice is made when
     the program is lowered, so one traced function serves every platform."""
     return jax.lax.platform_dependent(x, cpu=cpu, default=default)
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo; platform.processor() where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def describe() -> dict:

@@ -475,10 +475,11 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
     if calibration is None:
-        calibration = calibration_store.load(executable)
+        stored = calibration_store.path_for(executable)
+        calibration = calibration_store.load(stored)
         if calibration is None:
             calibration = tuple(float(x) for x in agreed(np.asarray(_calibrate(executable, args, costs, takes_cap))))
-            calibration_store.save(executable, calibration)
+            calibration_store.save(stored, calibration)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
     t_ar, t_spec_fixed, c_draft = calibration

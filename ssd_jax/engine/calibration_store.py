@@ -24,7 +24,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import tempfile
 import warnings
 
@@ -42,26 +41,15 @@ def store_dir() -> str | None:
     return os.path.join(base, "ssd_jax", "calibration")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def machine() -> dict:
     """What a calibration's timings depend on besides the program."""
     import jaxlib
 
-    from ssd_jax.backend import default_platform
+    from ssd_jax.backend import cpu_model, default_platform
 
     return dict(backend=default_platform(), device_kinds=sorted({d.device_kind for d in jax.devices()}),
                 devices=jax.device_count(),
-                cpu=_cpu_model(), cores=os.cpu_count(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                cpu=cpu_model(), cores=os.cpu_count(), jax=jax.__version__, jaxlib=jaxlib.__version__,
                 xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
@@ -80,7 +68,10 @@ def entry_name(executable) -> str | None:
     return digest.hexdigest()[:32] + ".json"
 
 
-def _path(executable) -> str | None:
+def path_for(executable) -> str | None:
+    """Where the program's calibration is kept; None where it is kept in memory only (no
+    directory, several processes, no program text). Computed once per program: it hashes the
+    program's text."""
     directory = store_dir()
     if directory is None or jax.process_count() > 1:
         return None
@@ -88,9 +79,8 @@ def _path(executable) -> str | None:
     return None if name is None else os.path.join(directory, name)
 
 
-def load(executable) -> tuple[float, ...] | None:
-    """The program's calibration from disk, None if there is none (or it is unreadable)."""
-    path = _path(executable)
+def load(path: str | None) -> tuple[float, ...] | None:
+    """The calibration kept at path (`path_for`), None if there is none (or it is unreadable)."""
     if path is None or not os.path.exists(path):
         return None
     try:
@@ -102,10 +92,9 @@ def load(executable) -> tuple[float, ...] | None:
     return values if values and all(math.isfinite(v) and v >= 0 for v in values) else None
 
 
-def save(executable, values: tuple[float, ...]) -> None:
-    """Keeps the program's calibration on disk (atomically); a directory that cannot be written
+def save(path: str | None, values: tuple[float, ...]) -> None:
+    """Keeps a calibration at path (`path_for`; atomically); a directory that cannot be written
     leaves it in memory only."""
-    path = _path(executable)
     if path is None:
         return
     directory = os.path.dirname(path)

@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from ssd_jax.backend import describe
+from ssd_jax.backend import cpu_model, describe
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model, dtype_from_name
 from ssd_jax.models.params import init_params
@@ -22,13 +22,7 @@ from ssd_jax.train.trainer import TrainSettings, fit
 
 
 def _machine() -> dict:
-    cpu = "unknown"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), **describe()}
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), **describe()}
 
 
 def _export(model: Model, out_dir: str, dtype: str, report: dict, overwrite: bool) -> str:
