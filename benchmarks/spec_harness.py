@@ -33,14 +33,17 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def _totals(outs: list, walls: list[float], batch_size: int, compile_s: float, repeats: int, extra) -> dict:
-    """Sums one configuration's per-call stats (outs) and fastest wall times (walls)."""
+def _totals(outs: list, walls: list[float], rounds: list[float], batch_size: int, compile_s: float, repeats: int,
+            extra) -> dict:
+    """Sums one configuration's per-call stats (outs) and fastest wall times (walls); rounds: its
+    wall time in each round (summed over calls)."""
     tokens = sum(o.stats["num_generated_tokens"] for o in outs)
     wall = sum(walls)
     row_calls = sum(o.stats["num_generated_tokens"] / o.stats.get("block_efficiency", 1.0) for o in outs)
     result = dict(tokens=tokens, wall_time_s=wall, tokens_per_second=tokens / wall,
                   target_calls=sum(o.stats["target_calls"] for o in outs), block_efficiency=tokens / row_calls,
-                  compile_time_s=compile_s, batch_size=batch_size, timing_repeats=repeats)
+                  compile_time_s=compile_s, batch_size=batch_size, timing_repeats=repeats,
+                  round_wall_s=[float(x) for x in rounds])
     drafts = sum(o.stats.get("num_drafts", 0) for o in outs)
     if drafts:
         # A call that decoded plainly from the start (SSD "auto" after its verdict) drafted nothing
@@ -88,14 +91,17 @@ def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperat
 def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: float, new_tokens: int, *,
                 batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> list[dict]:
     """Generates new_tokens for every prompt with every (method, options) configuration,
-    interleaved: for each batch of prompts, every configuration runs `repeats` times in turn,
-    and each call keeps its fastest run (same key, so the same tokens). Slow drifts of the
-    machine's speed then hit all configurations alike, and the ratios between them stay honest.
+    interleaved: for each batch of prompts, `repeats` rounds in which every configuration runs
+    once, each round starting one configuration later than the one before (so none always runs
+    right after the same one), and each call keeps its fastest run (same key, so the same
+    tokens). Slow drifts of the machine's speed then hit all configurations alike, and the ratios
+    between them stay honest; `paired_speedup` compares two configurations round by round.
 
     Returns one dict per configuration: tokens, wall_time_s, tokens_per_second, target_calls
     (summed over calls; a batched call counts its loop steps once), block_efficiency (generated
-    tokens / target calls per row), compile_time_s, and for speculative methods acceptance_rate,
-    mean_acceptance_length, acceptance_per_position; stats keys named in `extra` are summed.
+    tokens / target calls per row), compile_time_s, round_wall_s (the wall time of each round,
+    summed over calls), and for speculative methods acceptance_rate, mean_acceptance_length,
+    acceptance_per_position; stats keys named in `extra` are summed.
     The draft is passed to every method but "ar" and the retrieval methods.
     """
     kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature) for method, options in configs]
@@ -104,17 +110,28 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
                  for kw in kwargs]
     outs = [[] for _ in configs]
     walls = [[] for _ in configs]
+    rounds = np.zeros((len(configs), repeats))
     for i, group in enumerate(groups):
         best = [float("inf")] * len(configs)
-        for _ in range(repeats):
-            for c, kw in enumerate(kwargs):
-                out = ssd_jax.generate(target, group, key=jax.random.PRNGKey(i), **kw)
+        for r in range(repeats):
+            for c in np.roll(np.arange(len(configs)), -r):
+                out = ssd_jax.generate(target, group, key=jax.random.PRNGKey(i), **kwargs[c])
                 best[c] = min(best[c], out.stats["wall_time_s"])
+                rounds[c, r] += out.stats["wall_time_s"]
                 if len(outs[c]) == i:
                     outs[c].append(out)
         for c in range(len(configs)):
             walls[c].append(best[c])
-    return [_totals(outs[c], walls[c], batch_size, compile_s[c], repeats, extra) for c in range(len(configs))]
+    return [_totals(outs[c], walls[c], rounds[c], batch_size, compile_s[c], repeats, extra)
+            for c in range(len(configs))]
+
+
+def paired_speedup(base: dict, other: dict) -> float:
+    """How many times faster `other` ran than `base` (two rows of one `run_configs` call): the
+    median over rounds of the ratio of their wall times in the same round. Unlike the ratio of
+    best-of times, a drift of the machine's speed between rounds (tens of percent within a
+    minute on a shared VM) cancels, since both sides of each ratio ran within seconds."""
+    return float(np.median(np.asarray(base["round_wall_s"]) / np.asarray(other["round_wall_s"])))
 
 
 def run_config(target, prompts, method: str, options: dict, temperature: float, new_tokens: int, *,
