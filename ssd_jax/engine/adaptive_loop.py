@@ -90,6 +90,10 @@ MAX_BACKOFF = 8
 # Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
 # of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
 ROW_POOLING = 4.0
+# Parts that dispatch their caps once per run of steps (`dispatch_caps`) change cap only for one
+# that is faster by this share: leaving one compiled step's loop for another's passes the KV caches
+# through a conditional, and between two caps of nearly equal speed the loop flipped every few steps.
+SWITCH_MARGIN = 0.05
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
 # Plain steps between checks of whether speculation pays, on every backend (each check is a few
@@ -337,6 +341,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         plain_steps = jnp.max(jnp.where(running_rows, remaining, 0)).astype(jnp.float32)
         return forced | (steps * cost[index] <= plain_steps * c_ar)
 
+    # Parts that compile one step per cap (`dispatch_caps`: SD and CSD at batch > 1) get it chosen once per
+    # run of steps at the same cap (a `lax.switch` around a `while_loop`), not per step: a switch
+    # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
+    dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
+
     def decide(s: AdaptiveState) -> AdaptiveState:
         """s with its cap (from the long memory: per-position estimates from a few steps are
         too noisy to pick a length with) and whether it pays (from the short memory)."""
@@ -353,6 +362,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                 index = L - 1 - jnp.argmax((seconds * CAP_TOLERANCE <= jnp.min(seconds))[::-1])
             else:
                 index = jnp.argmin(seconds)
+                if dispatch is not None:
+                    index = jnp.where(seconds[s.chosen] * (1 - SWITCH_MARGIN) <= seconds[index], s.chosen, index)
         else:
             index = L - 1
         index = jnp.asarray(index, jnp.int32)
@@ -365,10 +376,6 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         fall back ~5% of the plain decoding it runs at batch 8 on CPU."""
         return s.replace(pays=pays_at(s, s.chosen, step_costs(s)))
 
-    # Parts that compile one step per cap (`dispatch_caps`: SD at batch > 1) get it chosen once per
-    # run of steps at the same cap (a `lax.switch` around a `while_loop`), not per step: a switch
-    # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
-    dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
     # Steps between checks of the loop's conditions and choices (the backend's; see
     # `ssd_jax.backend`): on GPU every check reads a predicate back to the host and launches the
     # cost model's small kernels (H100, embedded pair: checks every 4 steps took PLD's plain

@@ -179,8 +179,8 @@ class SpeculativeParts:
                 """Verification of the first n draft tokens (every row proposed at most n)."""
                 return self._verify_path(tcache, cur, paths[:, 0, :n], q[:, 0, :n], lengths, active, verify_keys)
 
-            result, tcache = at_narrowest(self.verify_caps, jnp.max(jnp.where(active, lengths, 0)), verify_block,
-                                          tcache)
+            widths = with_one(self.verify_caps) if self.takes_cap else self.verify_caps
+            result, tcache = at_narrowest(widths, jnp.max(jnp.where(active, lengths, 0)), verify_block, tcache)
             return self._after_single_path(position, paths[:, 0], lengths, result, tcache, dcache, forwards)
 
         accepted, next_token = result.num_accepted, result.next_token
