@@ -434,6 +434,26 @@ def test_a_slow_row_shortens_the_batch_cap():
     assert int(np.argmin(seconds)) + 1 < fastest_mean_row
 
 
+def test_cap_choice_leans_long_at_batch_1_and_sticks_where_caps_are_dispatched():
+    """Batch 1: the longest cap within CAP_TOLERANCE of the fastest. Larger batches: the fastest,
+    but where each cap is its own program (dispatched per run of steps) the current cap stays
+    unless another is SWITCH_MARGIN faster (near ties made SD flip between caps 1 and 2 every
+    few steps at batch 8, 0.93 of fixed L=2 against 0.99 with the margin)."""
+    from ssd_jax.engine.adaptive_loop import CAP_TOLERANCE, SWITCH_MARGIN, cap_index
+
+    near = 1 - SWITCH_MARGIN / 2
+    seconds = np.asarray([10.0, 10.0 * near, 12.0, np.inf], np.float32)
+    current = np.int32(0)
+    assert int(cap_index(seconds, current, 8, sticky=False)) == 1
+    assert int(cap_index(seconds, current, 8, sticky=True)) == 0
+    faster = seconds.copy()
+    faster[1] = 10.0 * (1 - 2 * SWITCH_MARGIN)
+    assert int(cap_index(faster, current, 8, sticky=True)) == 1
+    assert int(cap_index(faster, np.int32(2), 8, sticky=True)) == 1
+    within = np.asarray([10.0, 9.8, 9.8 / CAP_TOLERANCE - 0.01, np.inf], np.float32)
+    assert int(cap_index(within, current, 1, sticky=False)) == 2
+
+
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""

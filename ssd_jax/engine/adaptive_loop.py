@@ -29,7 +29,8 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
 (4-8) lost to L=2 by 20-30%.
 
     cap = the longest l with steps(l) cost(l) <= min_l steps(l) cost(l) / CAP_TOLERANCE at batch 1,
-          the best l at larger batches (long memory; parts with `takes_cap`, else their static L:
+          the best l at larger batches, or the current one unless another is SWITCH_MARGIN faster
+          where caps are dispatched per run of steps (long memory; parts with `takes_cap`, else their static L:
           SD and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then
           being a verified token's cost)
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
@@ -154,6 +155,20 @@ def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
     """`pending` for parts whose missed tokens are already in their context (retrieval, CSD):
     the buffer only bounds the plain phase. int32 [batch, width] zeros, int32 [batch] ones."""
     return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
+
+
+def cap_index(seconds: jax.Array, current: jax.Array, batch: int, sticky: bool) -> jax.Array:
+    """The index (int32 []) of the cap a step runs at, from the seconds to finish the batch by
+    cap (float32 [L], inf where l is no candidate): at batch 1 the longest within CAP_TOLERANCE of
+    the fastest; at larger batches the fastest, or where `sticky` (caps dispatched once per run of
+    steps) the current index (int32 []) unless the fastest is SWITCH_MARGIN faster than it."""
+    if batch == 1:
+        index = seconds.shape[-1] - 1 - jnp.argmax((seconds * CAP_TOLERANCE <= jnp.min(seconds))[::-1])
+    else:
+        index = jnp.argmin(seconds)
+        if sticky:
+            index = jnp.where(seconds[current] * (1 - SWITCH_MARGIN) <= seconds[index], current, index)
+    return jnp.asarray(index, jnp.int32)
 
 
 # Cost inputs, float32 [5]: AR step, speculative step without draft forwards, one draft forward,
@@ -353,17 +368,12 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         if takes_cap:
             # Seconds to finish the batch by cap; the longest candidate within CAP_TOLERANCE of
             # the fastest at batch 1 (zero costs, under forced inputs: the longest), the fastest
-            # at larger batches.
+            # at larger batches (`cap_index`).
             running_rows = ~s.decode.outputs.done
             remaining = max_new - s.decode.outputs.num_out
             mean, sd = tokens_moments(*pooled(s.long_reached, s.long_accepted, running_rows), a)
             seconds = jnp.where(candidate, batch_steps(mean, sd, remaining, running_rows) * cost, jnp.inf)
-            if batch == 1:
-                index = L - 1 - jnp.argmax((seconds * CAP_TOLERANCE <= jnp.min(seconds))[::-1])
-            else:
-                index = jnp.argmin(seconds)
-                if dispatch is not None:
-                    index = jnp.where(seconds[s.chosen] * (1 - SWITCH_MARGIN) <= seconds[index], s.chosen, index)
+            index = cap_index(seconds, s.chosen, batch, sticky=dispatch is not None)
         else:
             index = L - 1
         index = jnp.asarray(index, jnp.int32)
