@@ -16,7 +16,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `min_decode_rows` (AR decodes at least this many rows) | 1 | 2 | 1 |
 | `adaptive_steps_per_check` (adaptive loop: steps between its checks and choices) | 1 | 4 | 1 |
 | `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
-| `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 2 | 1 | 2 |
+| `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -52,7 +52,12 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   0.80x and SD "auto" at batch 8 from 0.91x to 0.99x AR; the per-step verification switch and
   the batch-1 early-stopping draft loop are left out on GPU from that measurement (wider
   verification is nearly free there) but not yet timed without them. XLA:TPU runs control flow
-  on the device, so TPU keeps the CPU's choices.
+  on the device, so TPU keeps the CPU's choices but one: on CPU SD "auto" at batch 1 now also
+  compiles one step per cap (dispatched per run of steps) instead of drafting in the
+  early-stopping `while_loop` and switching the verification width per step, whose conditional
+  copied the target's KV cache in and out every step (with the loop choosing less often and
+  measured per-cap step times: 0.95-1.02 of the best fixed length against 0.86-0.99, batch 1,
+  embedded pair, 2026-11-25); TPU keeps the `while_loop` until timed there.
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
 
@@ -94,7 +99,7 @@ class Policy:
 
 POLICIES = {
     "cpu": Policy("cpu", dtype="float32", unroll_layers=True, prefill_attention="reference",
-                  decode_attention="reference", logitspec_tree_size=8),
+                  decode_attention="reference", logitspec_tree_size=8, adaptive_scan_from_batch=1),
     "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
                   decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
                   min_decode_rows=2, adaptive_steps_per_check=4, adaptive_switch_per_step=False,

@@ -218,6 +218,7 @@ class _Auto:
     costs: object
     memory_key: tuple
     measure_s: float   # seconds this call spent measuring costs (0 where the process had them)
+    table_caps: tuple = ()   # the caps whose step the calibration times whole
 
     def calibrate(self, executable, args: tuple, calibration_key) -> jax.Array:
         """The loop's cost inputs measured on the call's own compiled program (once per program,
@@ -228,7 +229,7 @@ class _Auto:
 
         start = time.perf_counter()
         inputs = calibrated_inputs(executable, args, calibration_key, self.costs, self.loop_inputs,
-                                   takes_cap=self.plan.capped)
+                                   takes_cap=self.plan.capped, table_caps=self.table_caps)
         self.measure_s += time.perf_counter() - start
         self.loop_inputs = inputs
         costs = args[-1]
@@ -256,7 +257,7 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
     plan, loop_inputs = adaptive.plan(method, target, draft, sampling, costs)
     return _Auto(plan=plan, loop_inputs=loop_inputs, costs=costs,
                  memory_key=adaptive.acceptance_key(target, draft, method, sampling),
-                 measure_s=time.perf_counter() - start)
+                 measure_s=time.perf_counter() - start, table_caps=adaptive.table_caps(method, plan))
 
 
 def _ssd_verdict_key(method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch,

@@ -75,13 +75,17 @@ def test_a_damaged_file_is_measured_again_and_replaced(timed, tmp_path):
     call, calls = timed
     costs = call()
     (entry,) = tmp_path.iterdir()
-    for damaged in ("{", json.dumps(dict(costs=[1.0, float("nan"), 0.0])), json.dumps(dict(costs="fast"))):
+    size = len(json.loads(entry.read_text())["costs"])   # 3 costs and one per cap
+    assert size == 3 + ssd_jax.PLD().max_draft_len
+    # Unparsable, not finite, not numbers, and an entry of another length (an older format's).
+    for damaged in ("{", json.dumps(dict(costs=[1.0, float("nan"), 0.0])), json.dumps(dict(costs="fast")),
+                    json.dumps(dict(costs=[1.0, 2.0, 0.5]))):
         entry.write_text(damaged)
         call()
-        assert len(json.loads(entry.read_text())["costs"]) == 3
-    assert len(calls) == 4
+        assert len(json.loads(entry.read_text())["costs"]) == size
+    assert len(calls) == 5
     call()
-    assert len(calls) == 4 and len(costs) == 3
+    assert len(calls) == 5 and len(costs) == 3
 
 
 def test_an_unwritable_directory_warns_and_keeps_the_calibration_in_memory(timed, tmp_path, monkeypatch):

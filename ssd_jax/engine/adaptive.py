@@ -317,11 +317,13 @@ class AutoPlan:
     capped: bool = False
 
 
-def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int) -> np.ndarray:
-    """The loop's traced cost inputs, float32 [5] (`ssd_jax.engine.adaptive_loop`):
-    `StepCosts.loop_array`, the acceptance its running estimates start from, and 0 (no forced
-    cap: the loop chooses each step's)."""
-    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance, 0.0], np.float32)])
+def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int, draft_len: int) -> np.ndarray:
+    """The loop's traced cost inputs, float32 [5 + draft_len] (`ssd_jax.engine.adaptive_loop`):
+    `StepCosts.loop_array`, the acceptance its running estimates start from, 0 (no forced cap:
+    the loop chooses each step's), and the seconds of a speculative step by cap 1..draft_len, all
+    0 (unmeasured: the loop prices caps linearly; `calibrated_inputs` measures them)."""
+    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance, 0.0], np.float32),
+                           np.zeros(draft_len, np.float32)])
 
 
 def _drafters(draft) -> tuple:
@@ -378,7 +380,20 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
         width = paths * draft_len + 1
     threshold = method.early_stop(sampling.greedy) if cost_draft(method, draft) is not None and paths == 1 else None
     capped = threshold is not None or method.name in ("pld", "csd")
-    return AutoPlan(draft_len=draft_len, threshold=threshold, capped=capped), loop_inputs(costs, acceptance, width)
+    return (AutoPlan(draft_len=draft_len, threshold=threshold, capped=capped),
+            loop_inputs(costs, acceptance, width, draft_len))
+
+
+def table_caps(method, auto_plan: AutoPlan) -> tuple[int, ...]:
+    """The caps whose step `calibrated_inputs` times whole: those a capped loop drafting with a
+    model (single-path SD and BV, CSD) may run at (`ssd_jax.engine.adaptive_loop.with_one` of
+    `compiled_caps`); none for retrieval, whose calibration text may propose fewer tokens than
+    the cap, so a timed step would price long caps low."""
+    from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
+
+    if not auto_plan.capped or not method.drafts_with_model:
+        return ()
+    return with_one(compiled_caps(auto_plan.draft_len))
 
 
 def default_plan(method, target, draft, sampling, batch: int, context: int) -> tuple[AutoPlan, np.ndarray]:
@@ -398,13 +413,18 @@ FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
 
 
-def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tuple[float, float, float]:
-    """(AR step, speculative step without draft forwards, one draft forward) in seconds, from
+def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
+               table_caps: tuple[int, ...] = ()) -> tuple[float, ...]:
+    """(AR step, speculative step without draft forwards, one draft forward, then the seconds of
+    a speculative step by cap 1..L: measured for table_caps, 0 for the others) in seconds, from
     interleaved forced runs (see `calibrated_inputs`). A change to what this returns must bump
     `calibration_store.FORMAT`, or calibrations kept on disk would be read with the new meaning."""
     tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
+    size = int(np.shape(args[-1])[0])
+    draft_len = size - len(FORCE_SPECULATION)
 
     def runner(forced, max_new):
+        forced = np.concatenate([forced, np.zeros(size - len(forced), np.float32)])
         run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
                                 jax.device_put(forced, args[-1].sharding))
 
@@ -419,6 +439,9 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tu
                 plain=runner(FORCE_PLAIN, tokens))
     if takes_cap:
         runs["one"] = runner(force_cap(1), tokens)
+    middle = tuple(c for c in table_caps if 1 < c < draft_len)
+    for cap in middle:
+        runs[f"cap{cap}"] = runner(force_cap(cap), tokens)
     counts = {}
     for name, run in runs.items():   # warm, and the step counts (the same every round)
         counters = jax.device_get(run()[1].counters["spec"])
@@ -430,21 +453,29 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool) -> tu
         counts[name] = (steps, plain, forwards)
     forwards = counts["spec"][2]
     measured_cap = takes_cap and forwards >= 0.5
+    # The caps whose step is timed whole: the longest (spec), 1 (one) and the middle ones.
+    timed = {cap: name for cap, name in ((1, "one"), (draft_len, "spec"), *((c, f"cap{c}") for c in middle))
+             if measured_cap and cap in table_caps}
     rounds = []
     for _ in range(_CALIBRATION_ROUNDS):
         seconds = {name: run()[0] for name, run in runs.items()}
         setup = seconds["setup"]
-        t_spec = max(seconds["spec"] - setup, 1e-9) / counts["spec"][0]
+
+        def per_step(name):
+            return max(seconds[name] - setup, 1e-9) / counts[name][0]
+
+        t_spec = per_step("spec")
         p_steps, p_plain, _ = counts["plain"]
         t_ar = max(seconds["plain"] - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
         # Unmeasured slope: a draft forward (and, for a capped loop, a verified token) per token.
         c_draft = (costs.draft + (costs.target_per_token if takes_cap else 0.0)) * t_ar / costs.target(1)
         if measured_cap:
-            t_one = max(seconds["one"] - setup, 1e-9) / counts["one"][0]
-            c_draft = max(t_spec - t_one, 0.0) / forwards
-        rounds.append((t_ar, t_spec / t_ar, c_draft / t_ar))
-    t_ar, spec_ratio, draft_ratio = (float(np.median(column)) for column in zip(*rounds))
-    return t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar
+            c_draft = max(t_spec - per_step("one"), 0.0) / forwards
+        table = [per_step(timed[cap]) / t_ar if cap in timed else 0.0 for cap in range(1, draft_len + 1)]
+        rounds.append((t_ar, t_spec / t_ar, c_draft / t_ar, *table))
+    t_ar, spec_ratio, draft_ratio, *table = (float(np.median(column)) for column in zip(*rounds))
+    return (t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar,
+            *(ratio * t_ar for ratio in table))
 
 
 def force_cap(cap: int) -> np.ndarray:
@@ -455,7 +486,7 @@ def force_cap(cap: int) -> np.ndarray:
 
 
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
-                      takes_cap: bool = False) -> np.ndarray:
+                      takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself
     (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
     tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
@@ -463,7 +494,12 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     each step's draft): one more run capped at one token, so the step time without draft
     forwards and one draft forward's in-loop time are both measured (the slope between the two
     caps); otherwise the draft forward's cost is the per-forward measurement scaled like the AR
-    step. The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
+    step. table_caps (capped loops drafting with a model): the caps whose whole step is timed
+    (forced runs at each), which the loop then prices as measured instead of linearly: on CPU a
+    step's cost grows faster than linearly with its cap (SD at batch 1, code, T=0: 1.27, 1.52 and
+    2.30 AR steps at caps 2, 4 and 8, where the line through caps 1 and 8 gave 1.32, 1.67, 2.37,
+    pricing cap 8 within 1% of cap 4's speed where it ran 7% slower). The runs are interleaved
+    in _CALIBRATION_ROUNDS rounds and each cost is the median over
     rounds of its ratio to the same round's AR step (times the median AR step): this machine's
     speed drifts by tens of percent within seconds, which separate best-of timings took for
     differences between the programs. Kept per program (program_key) for the process, and on
@@ -474,13 +510,15 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         return np.asarray(planned, np.float32)
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
+    size = len(planned) - len(FORCE_SPECULATION) + 3   # the calibration's length
     if calibration is None:
         stored = calibration_store.path_for(executable)
         calibration = calibration_store.load(stored)
-        if calibration is None:
-            calibration = tuple(float(x) for x in agreed(np.asarray(_calibrate(executable, args, costs, takes_cap))))
+        if calibration is None or len(calibration) != size:
+            calibration = tuple(float(x) for x in agreed(np.asarray(
+                _calibrate(executable, args, costs, takes_cap, table_caps))))
             calibration_store.save(stored, calibration)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)
-    t_ar, t_spec_fixed, c_draft = calibration
-    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3], 0.0], np.float32)
+    t_ar, t_spec_fixed, c_draft, *table = calibration
+    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3], 0.0, *table], np.float32)

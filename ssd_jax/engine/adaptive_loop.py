@@ -18,8 +18,10 @@ given k was reached, and a draft capped at l tokens emits
 With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
 one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`), rho the running share of the cap's
 draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
-c_spec + rho (l - 1) c_draft. A batch runs until its slowest row is done, so a cap is judged by
-the steps the batch still needs, the most any running row needs for its r remaining tokens:
+cost(l) = c_spec + rho (l - 1) c_draft, or where the calibration timed the step at cap l
+itself (parts drafting with a model), that time. A batch runs until its slowest row is done, so
+a cap is judged by the steps the batch still needs, the most any running row needs for its r
+remaining tokens:
 
     steps(l) = max_rows  r / E(l) + z_B sqrt(r) sd(l) / E(l)^1.5
 
@@ -28,18 +30,20 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
 57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
 (4-8) lost to L=2 by 20-30%.
 
-    cap = the longest l with steps(l) cost(l) <= min_l steps(l) cost(l) / CAP_TOLERANCE at batch 1,
-          the best l at larger batches, or the current one unless another is SWITCH_MARGIN faster
-          where caps are dispatched per run of steps (long memory; parts with `takes_cap`, else their static L:
-          SD and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then
-          being a verified token's cost)
+    cap = the l with the least steps(l) cost(l) (long memory, at batch 1 each alpha_k raised by
+          EXPLORE standard errors), or the current one unless that is SWITCH_MARGIN faster where
+          caps are dispatched per run of steps; parts with `takes_cap`, else their static L: SD
+          and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then being a
+          verified token's cost
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
 
 (at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps), with
 n the row's short memory's effective number of steps: the noise allowance keeps a chance
 dip of a few steps from stopping speculation that pays on average, while a draft that is truly
 bad (E near 1, small spread) falls back after a few steps. At batch 1 these are the ratios
-E(l) / cost(l) against the break-even 1 / c_ar.
+E(l) / cost(l) against the break-even 1 / c_ar. Where the loop checks every step and dispatches
+caps per run, the cap and whether it pays are decided after a phase's first speculative step and
+every DECIDE_EVERY-th; elsewhere after every step (every check, on GPU).
 
 The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
 during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
@@ -81,13 +85,15 @@ Z = 1.0
 # Steps' worth of pull of each position's acceptance towards the pooled one (POOLING = 2 left
 # SD's caps at 3.2 where L = 4-5 measured best at T=1; 8 brought them to 4.2).
 POOLING = 8.0
-# E(l) / cost(l) is flat near its maximum, and the estimates lean short (a position's acceptance
-# is measured less often the further it is); the cap is the longest within this share of the best.
-# Not at batch > 1: there the batch waits for its unluckiest row, which longer caps (more spread
-# per step) make later, so the best score itself is taken (SD at batch 8, T=0, code: 0.91x AR
-# with the tolerance, 1.05x without; badguess: 0.82x and 1.01x).
-CAP_TOLERANCE = 0.97
 MAX_BACKOFF = 8
+# At batch 1 the cap is chosen with each position's acceptance raised by this many standard errors
+# of its long-memory estimate: positions past the current cap are not measured, so a few unlucky
+# steps at cap 4 left SD at cap 2 for most of a call where 4 paid 45% more (held-out code, T=0: 48
+# steps at a mean draft of 2.9 against fixed L=4's 33); as their evidence decays the bonus grows
+# and the longer cap is tried again. (It replaced leaning to the longest cap within 3% of the
+# best, which drafted too long: mean 5.4 where L=4 won.) Not at batch > 1, where 8 rows measure
+# the positions and longer caps make the batch wait for its unluckiest row.
+EXPLORE = 0.5
 # Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
 # of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
 ROW_POOLING = 4.0
@@ -95,6 +101,14 @@ ROW_POOLING = 4.0
 # that is faster by this share: leaving one compiled step's loop for another's passes the KV caches
 # through a conditional, and between two caps of nearly equal speed the loop flipped every few steps.
 SWITCH_MARGIN = 0.05
+# Where the loop checks every step (`adaptive_steps_per_check` 1) and dispatches its caps per run
+# of steps, the speculative steps between its choices of cap and fall back: the choice is ~60
+# small ops, which at batch 1 on CPU cost 8% of SD's step (code, T=0, forced cap 4 with caps
+# dispatched: 0.89 of fixed L=4; 0.97 without the choice), and a dispatched cap changes seldom
+# anyway. Where each step picks its own width (PLD, LogitSpec), the choice follows bursts of
+# text that retrieval copies: PLD on code at T=0 ran 0.94 of L=4 choosing every 4 steps, 1.00
+# every step.
+DECIDE_EVERY = 4
 # The most tokens a plain phase emits before the draft catches up (and the loop may probe).
 PENDING_WIDTH = 24
 # Plain steps between checks of whether speculation pays, on every backend (each check is a few
@@ -157,23 +171,21 @@ def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
     return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
-def cap_index(seconds: jax.Array, current: jax.Array, batch: int, sticky: bool) -> jax.Array:
+def cap_index(seconds: jax.Array, current: jax.Array, sticky: bool) -> jax.Array:
     """The index (int32 []) of the cap a step runs at, from the seconds to finish the batch by
-    cap (float32 [L], inf where l is no candidate): at batch 1 the longest within CAP_TOLERANCE of
-    the fastest; at larger batches the fastest, or where `sticky` (caps dispatched once per run of
-    steps) the current index (int32 []) unless the fastest is SWITCH_MARGIN faster than it."""
-    if batch == 1:
-        index = seconds.shape[-1] - 1 - jnp.argmax((seconds * CAP_TOLERANCE <= jnp.min(seconds))[::-1])
-    else:
-        index = jnp.argmin(seconds)
-        if sticky:
-            index = jnp.where(seconds[current] * (1 - SWITCH_MARGIN) <= seconds[index], current, index)
+    cap (float32 [L], inf where l is no candidate): the fastest (the longest of exact ties), or
+    where `sticky` (caps dispatched once per run of steps) the current index (int32 []) unless the
+    fastest is SWITCH_MARGIN faster than it."""
+    index = seconds.shape[-1] - 1 - jnp.argmin(seconds[::-1])
+    if sticky:
+        index = jnp.where(seconds[current] * (1 - SWITCH_MARGIN) <= seconds[index], current, index)
     return jnp.asarray(index, jnp.int32)
 
 
-# Cost inputs, float32 [5]: AR step, speculative step without draft forwards, one draft forward,
-# the prior acceptance, and a forced cap (0: the loop chooses; > 0: every step speculates with
-# that cap, for calibration).
+# Cost inputs, float32 [5] or [5 + L]: AR step, speculative step without draft forwards, one draft
+# forward, the prior acceptance, a forced cap (0: the loop chooses; > 0: every step speculates
+# with that cap, for calibration), then optionally the seconds of a step at each cap 1..L (0
+# where not measured: priced linearly from the first three).
 NUM_COST_INPUTS = 5
 
 
@@ -207,16 +219,36 @@ class AdaptiveState:
     chosen: jax.Array
 
 
-def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
+@struct.dataclass
+class Evidence:
+    """What the loop's choices read (`AdaptiveState`'s small part): running bool [B], remaining
+    int32 [B] tokens left per row, the memories' sums float32 [B, L], forward_share float32 [],
+    chosen int32 [] (the last choice's cap index)."""
+
+    running: jax.Array
+    remaining: jax.Array
+    reached: jax.Array
+    accepted: jax.Array
+    long_reached: jax.Array
+    long_accepted: jax.Array
+    forward_share: jax.Array
+    chosen: jax.Array
+
+
+def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
+                        optimism: float = 0.0) -> jax.Array:
     """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [..., L],
     from the per-position sums float32 [..., L] (a row's, or one per row), each shrunk towards
     the acceptance pooled over all positions by POOLING steps' worth (no evidence at all: the
     prior acceptance). Without the pull, a position whose estimate fell low by chance is no
-    longer drafted, so never corrected: the caps would drift short."""
+    longer drafted, so never corrected: the caps would drift short. optimism: each alpha_k raised
+    by that many standard errors, sqrt(alpha (1 - alpha) / n_k) with n_k = R_k + POOLING."""
     tiny = 1e-6
     pooled = ((jnp.sum(accepted, axis=-1, keepdims=True) + tiny * prior)
               / (jnp.sum(reached, axis=-1, keepdims=True) + tiny))
     alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
+    if optimism:
+        alpha = jnp.minimum(alpha + optimism * jnp.sqrt(alpha * (1 - alpha) / (reached + POOLING)), 1.0)
     return jnp.cumprod(alpha, axis=-1)
 
 
@@ -225,11 +257,12 @@ def expected_tokens_by_cap(reached: jax.Array, accepted: jax.Array, prior: jax.A
     return 1 + jnp.cumsum(reach_probabilities(reached, accepted, prior), axis=-1)
 
 
-def tokens_moments(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> tuple[jax.Array, jax.Array]:
+def tokens_moments(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
+                   optimism: float = 0.0) -> tuple[jax.Array, jax.Array]:
     """(E(l), sd(l)) for l = 1..L, float32 [..., L] each: the mean and spread of the tokens a step
-    capped at l emits, under the per-position model: E = 1 + sum_k P_k,
+    capped at l emits, under the per-position model (`reach_probabilities`): E = 1 + sum_k P_k,
     E[T^2] = 1 + sum_k (2k + 1) P_k over k <= l."""
-    p = reach_probabilities(reached, accepted, prior)
+    p = reach_probabilities(reached, accepted, prior, optimism)
     k = jnp.arange(1, reached.shape[-1] + 1, dtype=jnp.float32)
     mean = 1 + jnp.cumsum(p, axis=-1)
     second = 1 + jnp.cumsum((2 * k + 1) * p, axis=-1)
@@ -294,12 +327,14 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                  out_size: int, stream: bool, placement=None) -> DecodeState:
     """`ssd_jax.engine.skeleton.run` with the per-step cap and the fallback to plain decoding.
     parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS] (`ssd_jax.engine.adaptive.loop_inputs`). Returns the final DecodeState."""
+    float32 [NUM_COST_INPUTS (+ L)] (`ssd_jax.engine.adaptive.loop_inputs`). Returns the final DecodeState."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
                   out_size=out_size, stream=stream, placement=placement)
     costs = costs.astype(jnp.float32)
     c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
     L = parts.draft_len
+    # Seconds of a step by cap 1..L where measured (0: not), when the inputs carry them.
+    cap_seconds = costs[NUM_COST_INPUTS:NUM_COST_INPUTS + L] if costs.shape[0] >= NUM_COST_INPUTS + L else None
     takes_cap = getattr(parts, "takes_cap", False)
     # Whether a longer cap costs more per step: draft forwards, or (capped retrieval) a wider
     # verification; c_draft is then that cost per drafted token.
@@ -338,22 +373,27 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     def pooled(reached, accepted, running_rows):
         return (reached, accepted) if batch == 1 else toward_batch(reached, accepted, running_rows)
 
-    def step_costs(s: AdaptiveState) -> jax.Array:
-        """Seconds of a speculative step by cap, float32 [L]."""
-        forwards = s.forward_share * (lengths_1_to_L - 1) if priced else 0 * lengths_1_to_L
-        return c_spec + forwards * c_draft
+    def evidence(s: AdaptiveState) -> Evidence:
+        outputs = s.decode.outputs
+        return Evidence(running=~outputs.done, remaining=max_new - outputs.num_out, reached=s.reached,
+                        accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
+                        forward_share=s.forward_share, chosen=s.chosen)
 
-    def pays_at(s: AdaptiveState, index: jax.Array, cost: jax.Array) -> jax.Array:
+    def step_costs(e: Evidence) -> jax.Array:
+        """Seconds of a speculative step by cap, float32 [L]: measured where the calibration
+        timed the cap's step, else linear in the draft forwards that ran."""
+        forwards = e.forward_share * (lengths_1_to_L - 1) if priced else 0 * lengths_1_to_L
+        linear = c_spec + forwards * c_draft
+        return linear if cap_seconds is None else jnp.where(cap_seconds > 0, cap_seconds, linear)
+
+    def pays_at(e: Evidence, index: jax.Array, cost: jax.Array) -> jax.Array:
         """Whether speculating at cap index + 1 pays, from the short memory: unless its E is
         below the break-even by more than its noise, Z standard errors, with (1 + DECAY) R_1
         the decayed sums' effective number of steps."""
-        outputs = s.decode.outputs
-        running_rows = ~outputs.done
-        remaining = max_new - outputs.num_out
-        mean, sd = tokens_mean_and_spread(*pooled(s.reached, s.accepted, running_rows), a, index + 1)
-        samples = jnp.maximum((1 + DECAY) * s.reached[:, 0], 1.0)
-        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, remaining, running_rows)
-        plain_steps = jnp.max(jnp.where(running_rows, remaining, 0)).astype(jnp.float32)
+        mean, sd = tokens_mean_and_spread(*pooled(e.reached, e.accepted, e.running), a, index + 1)
+        samples = jnp.maximum((1 + DECAY) * e.reached[:, 0], 1.0)
+        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
+        plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
         return forced | (steps * cost[index] <= plain_steps * c_ar)
 
     # Parts that compile one step per cap (`dispatch_caps`: SD and CSD at batch > 1) get it chosen once per
@@ -361,30 +401,39 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
     dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
 
-    def decide(s: AdaptiveState) -> AdaptiveState:
-        """s with its cap (from the long memory: per-position estimates from a few steps are
-        too noisy to pick a length with) and whether it pays (from the short memory)."""
-        cost = step_costs(s)
+    def choose(e: Evidence) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(cap int32 [], pays bool [], chosen int32 []): the cap (from the long memory:
+        per-position estimates from a few steps are too noisy to pick a length with) and whether
+        it pays (from the short memory)."""
+        cost = step_costs(e)
         if takes_cap:
-            # Seconds to finish the batch by cap; the longest candidate within CAP_TOLERANCE of
-            # the fastest at batch 1 (zero costs, under forced inputs: the longest), the fastest
-            # at larger batches (`cap_index`).
-            running_rows = ~s.decode.outputs.done
-            remaining = max_new - s.decode.outputs.num_out
-            mean, sd = tokens_moments(*pooled(s.long_reached, s.long_accepted, running_rows), a)
-            seconds = jnp.where(candidate, batch_steps(mean, sd, remaining, running_rows) * cost, jnp.inf)
-            index = cap_index(seconds, s.chosen, batch, sticky=dispatch is not None)
+            # Seconds to finish the batch by cap, the fastest chosen (`cap_index`; zero costs,
+            # under forced inputs: the longest).
+            mean, sd = tokens_moments(*pooled(e.long_reached, e.long_accepted, e.running), a,
+                                      optimism=EXPLORE if batch == 1 else 0.0)
+            seconds = jnp.where(candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
+            index = cap_index(seconds, e.chosen, sticky=dispatch is not None)
         else:
             index = L - 1
         index = jnp.asarray(index, jnp.int32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return s.replace(cap=cap, pays=pays_at(s, index, cost), chosen=index)
+        return cap, pays_at(e, index, cost), index
+
+    def decide(s: AdaptiveState, due: jax.Array | None = None) -> AdaptiveState:
+        """s with its cap and whether it pays (`choose`), or where due (bool []) is False, s as it
+        is. The `lax.cond` takes only the small `Evidence`: over s it would copy the KV caches."""
+        if due is None:
+            cap, pays, chosen = choose(evidence(s))
+        else:
+            cap, pays, chosen = jax.lax.cond(due, choose, lambda e: (s.cap, s.pays, s.chosen), evidence(s))
+        return s.replace(cap=cap, pays=pays, chosen=chosen)
 
     def recheck(s: AdaptiveState) -> AdaptiveState:
         """s with whether speculating pays at the last chosen cap: during plain steps the long
         memory, hence the cap, stays as it was, and a full `decide` per plain step cost PLD's
         fall back ~5% of the plain decoding it runs at batch 8 on CPU."""
-        return s.replace(pays=pays_at(s, s.chosen, step_costs(s)))
+        e = evidence(s)
+        return s.replace(pays=pays_at(e, s.chosen, step_costs(e)))
 
     # Steps between checks of the loop's conditions and choices (the backend's; see
     # `ssd_jax.backend`): on GPU every check reads a predicate back to the host and launches the
@@ -438,7 +487,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         return jax.lax.fori_loop(0, count, lambda _, s: step(s), s)
 
     def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
-        return decide(repeated(functools.partial(speculative_step, width=width), s))
+        s = repeated(functools.partial(speculative_step, width=width), s)
+        if steps_per_check > 1 or DECIDE_EVERY == 1 or dispatch is None:
+            return decide(s)
+        # After a phase's first step (a probe is judged on it) and every DECIDE_EVERY-th after.
+        return decide(s, due=(s.spec_steps - 1) % DECIDE_EVERY == 0)
 
     def plain(s: AdaptiveState, count: int) -> AdaptiveState:
         return recheck(repeated(plain_step, s, count))

@@ -29,7 +29,7 @@ import warnings
 
 import jax
 
-FORMAT = 1
+FORMAT = 2
 DIR_ENV = "SSD_JAX_CALIBRATION_DIR"
 
 

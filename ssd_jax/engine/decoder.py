@@ -84,7 +84,7 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     Likewise, with a target sharded over a "data" axis of size d (and no stream), the batch is
     padded with copies of row 0 to a multiple of d so its rows split evenly over "data".
     A method with draft_len "auto" runs the adaptive loop (`ssd_jax.engine.adaptive_loop`) with
-    plan (static `AutoPlan`) and costs (float32 [5], `ssd_jax.engine.adaptive.loop_inputs`); both
+    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.engine.adaptive.loop_inputs`); both
     default to what this process knows of the pair (`ssd_jax.engine.adaptive.default_plan`)."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target, stream)

@@ -99,8 +99,7 @@ class SpeculativeParts:
     def scan_caps_from_batch(self) -> int:
         """The batch from which a capped single-path step drafts in one `lax.scan` per compiled
         cap (`_capped_batch_step`) instead of the early-stopping `while_loop` (the backend
-        policy's: 2 on CPU, 1 on GPU, where every turn of a `while_loop` reads its predicate back
-        to the host)."""
+        policy's: 1 on CPU and GPU, 2 on TPU until measured there)."""
         return policy_for(self.tparams).adaptive_scan_from_batch
 
     @property
@@ -195,27 +194,29 @@ class SpeculativeParts:
 
     def _capped_batch_step(self, state: DecodeState, draft_keys: jax.Array, verify_keys: jax.Array,
                            active: jax.Array, cap: jax.Array, width: int | None) -> Verdict:
-        """A single-path step at batch > 1 with the loop's cap: one program per compiled cap n
-        (`dispatch_caps`: the loop's `width`, else a `lax.switch` here), drafting n tokens in a
-        `lax.scan` and verifying n + 1, the narrowest holding the cap (rows propose min(cap, n)
-        tokens). A
+        """A single-path step with the loop's cap: one program per compiled cap n (`dispatch_caps`:
+        the loop's `width`, else a `lax.switch` here), drafting n tokens in a `lax.scan` and
+        verifying n + 1, the narrowest holding the cap (rows propose min(cap, n) tokens). A
         batch's draft forwards run until its last row stops, so the per-row early stop saves
-        nothing here, and at batch 8 on CPU the early-stopping `while_loop` step cost 13-20% more
-        than a fixed-length step of the same cap. Each row's proposal still ends before its first
-        token the draft was unsure of, as in `draft_path_until_unsure`."""
+        nothing here: at batch 8 on CPU the early-stopping `while_loop` step cost 13-20% more
+        than a fixed-length step of the same cap. At batch 1 on CPU the per-step verification
+        switch of the `while_loop` path passed the target's KV cache through a conditional,
+        which copied it in and out every step (24 copies of 128 KB per step for the embedded
+        target); one program per cap, dispatched per run of steps, does not."""
         L, vocab = self.num_draft_tokens, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
         limit = jnp.clip(cap, 1, L)
 
         def capped(n: int, tcache, dcache):
-            paths, q, dcache, sure = draft_paths(
+            paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, dcache, inner["chunk"], inner["chunk_len"], draft_keys,
-                num_draft_tokens=n, sampling=self.sampling, target_vocab=vocab, with_confidence=True)
-            # Each row still proposes only up to its first unconfident token (the stopping rule
-            # of `draft_path_until_unsure`, decided from the draft's law alone), at most the cap.
-            sure_run = jnp.sum(jnp.cumprod((sure >= self.threshold).astype(jnp.int32), axis=1), axis=1)
-            proposed = jnp.where(active, jnp.minimum(jnp.minimum(sure_run, limit), n), 0).astype(jnp.int32)
+                num_draft_tokens=n, sampling=self.sampling, target_vocab=vocab)
+            # Every row proposes all it drafted, up to the cap: the forwards and the verified
+            # width are spent whatever the draft's confidence, and a proposal cut at its first
+            # unsure token (`draft_path_until_unsure`'s rule) only gives up tokens (SD at batch 1,
+            # code, T=0, forced cap 8: 96 steps with the cut, against fixed L=8's 91).
+            proposed = jnp.where(active, jnp.minimum(limit, n), 0).astype(jnp.int32)
             result, tcache = self._verify_path(tcache, cur, paths, q, proposed, active, verify_keys)
             padded = jnp.zeros((b, L), jnp.int32).at[:, :n].set(paths)
             return result, tcache, dcache, padded, proposed, jnp.asarray(n - 1, jnp.int32)
