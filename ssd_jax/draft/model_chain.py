@@ -39,8 +39,7 @@ def draft_paths(
     num_draft_tokens: int,
     sampling: SamplingParams,
     target_vocab: int,
-    with_confidence: bool = False,
-) -> tuple[jax.Array, jax.Array, KVCache] | tuple[jax.Array, jax.Array, KVCache, jax.Array]:
+) -> tuple[jax.Array, jax.Array, KVCache]:
     """Drafts num_draft_tokens (L) tokens per path.
 
     cache: draft cache of batch B*K (path k of row b at index b*K + k, all copies holding the
@@ -48,8 +47,7 @@ def draft_paths(
     valid (>= 1; the last valid one is the root of the new paths). keys uint32 [B*K, 2].
     Returns (paths int32 [B*K, L], q float32 [B*K, L, target_vocab] the processed draft
     probabilities each token was sampled from, cache with the chunk and the first L-1 path tokens
-    committed); with_confidence: also float32 [B*K, L], the draft's confidence in each token
-    before drawing it (`confidence`).
+    committed).
     """
     logits, cache = catch_up(params, config, cache, chunk, chunk_len)
 
@@ -63,18 +61,15 @@ def draft_paths(
         logits, cache = carry
         q = probs_of(logits)
         token = draw(q, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i))
-        return extend(params, config, cache, token), (token, q, confidence(logits, q, sampling, target_vocab))
+        return extend(params, config, cache, token), (token, q)
 
-    (logits, cache), (tokens, qs, sure) = jax.lax.scan(
+    (logits, cache), (tokens, qs) = jax.lax.scan(
         step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
     )
     q_last = probs_of(logits)
     last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))
     paths = jnp.concatenate([tokens.T, last[:, None]], axis=1)
     q = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q_last[:, None]], axis=1)
-    if with_confidence:
-        sure = jnp.concatenate([sure.T, confidence(logits, q_last, sampling, target_vocab)[:, None]], axis=1)
-        return paths, q, cache, sure
     return paths, q, cache
 
 

@@ -396,9 +396,10 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
         return forced | (steps * cost[index] <= plain_steps * c_ar)
 
-    # Parts that compile one step per cap (`dispatch_caps`: SD and CSD at batch > 1) get it chosen once per
-    # run of steps at the same cap (a `lax.switch` around a `while_loop`), not per step: a switch
-    # per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes every few tens.
+    # Parts that compile one step per cap (`dispatch_caps`: SD and BV, and CSD at batch > 1) get it
+    # chosen once per run of steps at the same cap (a `lax.switch` around a `while_loop`), not per
+    # step: a switch per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes
+    # every few tens.
     dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
 
     def choose(e: Evidence) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -98,7 +98,7 @@ class SpeculativeParts:
     @property
     def scan_caps_from_batch(self) -> int:
         """The batch from which a capped single-path step drafts in one `lax.scan` per compiled
-        cap (`_capped_batch_step`) instead of the early-stopping `while_loop` (the backend
+        cap (`_per_cap_step`) instead of the early-stopping `while_loop` (the backend
         policy's: 1 on CPU and GPU, 2 on TPU until measured there)."""
         return policy_for(self.tparams).adaptive_scan_from_batch
 
@@ -147,7 +147,7 @@ class SpeculativeParts:
         position = tcache.lengths  # of cur
 
         if self.takes_cap and b >= self.scan_caps_from_batch and not self.multi_path:
-            return self._capped_batch_step(state, draft_keys, verify_keys, active, cap, width)
+            return self._per_cap_step(state, draft_keys, verify_keys, active, cap, width)
         if self.threshold is None:
             paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
@@ -192,7 +192,7 @@ class SpeculativeParts:
         return Verdict(tcache=tcache, inner=inner, chosen=chosen, accepted=accepted, next_token=next_token,
                        drafted=lengths, draft_forwards=forwards)
 
-    def _capped_batch_step(self, state: DecodeState, draft_keys: jax.Array, verify_keys: jax.Array,
+    def _per_cap_step(self, state: DecodeState, draft_keys: jax.Array, verify_keys: jax.Array,
                            active: jax.Array, cap: jax.Array, width: int | None) -> Verdict:
         """A single-path step with the loop's cap: one program per compiled cap n (`dispatch_caps`:
         the loop's `width`, else a `lax.switch` here), drafting n tokens in a `lax.scan` and
