@@ -162,6 +162,13 @@ def test_retrieval_auto_greedy_equals_autoregressive(models, method):
 # costs that always pay: (AR step, speculative step, draft forward, prior acceptance, forced cap).
 FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5, 0.0], np.float32)
 ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
+# Retrieval learns its acceptance during plain steps (shadow evidence) and never probes: with a
+# speculative step at 1.2 plain steps, its drafts pay at first (at the prior acceptance), then
+# after misses not, then maybe again.
+MARGINAL = np.asarray([1.0, 1.2, 0.1, 0.5, 0.0], np.float32)
+# The same for the law tests' batch of 6000 rows, whose unluckiest row sets the batch's pace: one
+# speculative step, then plain steps.
+CHEAP = np.asarray([1.0, 0.75, 0.05, 0.5, 0.0], np.float32)
 
 
 def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):
@@ -200,9 +207,11 @@ def assert_no_idle_steps(counters) -> None:
     assert int(counters.target_calls) == 1 + int(np.max(counters.ar_steps + counters.num_drafts))
 
 
-@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8),
-                                    ssd_jax.CSD(max_draft_tokens="auto")], ids=["pld", "logitspec", "csd"])
-def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method):
+@pytest.mark.parametrize("method, costs", [(ssd_jax.PLD(draft_len="auto"), MARGINAL),
+                                           (ssd_jax.LogitSpec(draft_len="auto", tree_size=8), MARGINAL),
+                                           (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK)],
+                         ids=["pld", "logitspec", "csd"])
+def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method, costs):
     """Retrieval or cascade steps, then plain steps that still extend the context (and
     LogitSpec's last logits) while the cascade's drafters fall behind, then speculation again
     (the drafters catching up): the AR tokens."""
@@ -211,10 +220,27 @@ def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method):
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
     draft = draft if method.drafts_with_model else None
-    out = _decode(target, draft, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
+    out = _decode(target, draft, prompts, method, costs, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 2
+    assert_no_idle_steps(counters)
+
+
+@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8)],
+                         ids=["pld", "logitspec"])
+def test_retrieval_that_never_pays_never_probes(models, method):
+    """Where speculation never pays, retrieval decodes every step plainly: its acceptance comes
+    from walking each plain block's draft with the block's tokens, not from probes (a probe is a
+    whole speculative step)."""
+    target, _ = models
+    prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
+    out = _decode(target, None, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    assert counters.num_drafts.max() == 0 and counters.ar_steps.min() == 59
     assert_no_idle_steps(counters)
 
 
@@ -241,11 +267,13 @@ def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     ar = ssd_jax.generate(target, prompts, max_new_tokens=61)
     draft = draft if method.drafts_with_model else None
-    out = _decode(target, draft, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, rows), 61,
+    # Retrieval never probes (shadow evidence): costs where its drafts pay at first.
+    costs = FALL_BACK if method.drafts_with_model else MARGINAL
+    out = _decode(target, draft, prompts, method, costs, SamplingParams(), row_keys(None, rows), 61,
                   draft_len=3)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
-    # Each probe is a block of 4 speculative steps (one step at a time would draft 2-3 times here).
+    # Each probe (or speculative phase) is a block of 4 speculative steps.
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 4
 
 
@@ -266,9 +294,9 @@ def tiny_models():
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), "blocks_of_2", 4),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
-    (ssd_jax.PLD(draft_len="auto", max_ngram=2), FALL_BACK, 2),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), CHEAP, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
-    (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), FALL_BACK, 2),
+    (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), CHEAP, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 2),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
@@ -281,11 +309,13 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
     the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap.
     "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps, with steps run
-    after every row is done."""
+    after every row is done. Retrieval never probes: its "then plain" costs pay at first, then
+    (after misses) not."""
     while_loop = isinstance(costs, str) and costs == "while_loop"
+    then_plain = costs is CHEAP
     if isinstance(costs, str) and costs == "blocks_of_2":
         gpu_adaptive_policy(monkeypatch, steps_per_check=2)
-        costs = np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32)
+        costs = np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32) if method.drafts_with_model else CHEAP
     if isinstance(costs, str):
         from ssd_jax.engine.speculative import SpeculativeParts
 
@@ -315,6 +345,8 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
         assert counters.num_drafted.sum() <= costs[4] * counters.num_drafts.sum()
     if not isinstance(method, (ssd_jax.SD, ssd_jax.BV, ssd_jax.GBV)):   # the probe's draft was used
         assert counters.num_accepted.sum() > 0
+    if then_plain:   # some rows fell back to plain decoding after their speculative steps
+        assert counters.ar_steps.max() > 0
 
 
 # ---------------------------------------------------------------------------- the stopping rule

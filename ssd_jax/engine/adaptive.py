@@ -408,7 +408,7 @@ _CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
 _CALIBRATION_ROUNDS = 5
 # Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
-# probe per phase); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
+# probe per phase, where the loop probes); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
 
@@ -487,25 +487,25 @@ def force_cap(cap: int) -> np.ndarray:
 
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
                       takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
-    """loop_inputs with the AR and speculative step times measured on the compiled program itself
-    (args: its arguments, the last one the cost inputs; max_new, the one before, is cut to a few
-    tokens): a run of one token (prefill and setup, subtracted from the others), a short run with
-    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes). takes_cap (a loop that caps
-    each step's draft): one more run capped at one token, so the step time without draft
-    forwards and one draft forward's in-loop time are both measured (the slope between the two
-    caps); otherwise the draft forward's cost is the per-forward measurement scaled like the AR
-    step. table_caps (capped loops drafting with a model): the caps whose whole step is timed
-    (forced runs at each), which the loop then prices as measured instead of linearly: on CPU a
-    step's cost grows faster than linearly with its cap (SD at batch 1, code, T=0: 1.27, 1.52 and
-    2.30 AR steps at caps 2, 4 and 8, where the line through caps 1 and 8 gave 1.32, 1.67, 2.37,
-    pricing cap 8 within 1% of cap 4's speed where it ran 7% slower). The runs are interleaved
-    in _CALIBRATION_ROUNDS rounds and each cost is the median over
-    rounds of its ratio to the same round's AR step (times the median AR step): this machine's
-    speed drifts by tens of percent within seconds, which separate best-of timings took for
-    differences between the programs. Kept per program (program_key) for the process, and on
-    disk per program and machine (`ssd_jax.engine.calibration_store`), so a new process finds
-    it; the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1
-    (`timings_allowed`): `planned`, unmeasured."""
+    """loop_inputs with the AR and speculative step times measured on the compiled program itself (args:
+    its arguments, the last one the cost inputs; max_new, the one before, is cut to a few tokens): a
+    run of one token (prefill and setup, subtracted from the others), a short run with
+    FORCE_SPECULATION and one with FORCE_PLAIN (which still probes, but for retrieval, which
+    measures during plain steps). takes_cap (a loop that caps each step's draft): one more run
+    capped at one token, so the step time without draft forwards and one draft forward's in-loop
+    time are both measured (the slope between the two caps); otherwise the draft forward's cost is
+    the per-forward measurement scaled like the AR step. table_caps (capped loops drafting with a
+    model): the caps whose whole step is timed (forced runs at each), which the loop then prices as
+    measured instead of linearly: on CPU a step's cost grows faster than linearly with its cap (SD
+    at batch 1, code, T=0: 1.27, 1.52 and 2.30 AR steps at caps 2, 4 and 8, where the line through
+    caps 1 and 8 gave 1.32, 1.67, 2.37, pricing cap 8 within 1% of cap 4's speed where it ran 7%
+    slower). The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
+    rounds of its ratio to the same round's AR step (times the median AR step): this machine's speed
+    drifts by tens of percent within seconds, which separate best-of timings took for differences
+    between the programs. Kept per program (program_key) for the process, and on disk per program
+    and machine (`ssd_jax.engine.calibration_store`), so a new process finds it; the prior
+    acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`,
+    unmeasured."""
     if not timings_allowed():
         return np.asarray(planned, np.float32)
     with _COSTS_LOCK:

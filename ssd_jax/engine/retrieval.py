@@ -202,6 +202,13 @@ class RetrievalParts:
                                              active.astype(jnp.int32))
         return verdict.replace(inner=dict(context=context, context_len=context_len, last_logits=logits))
 
+    def shadow_tree(self, inner) -> tuple[jax.Array, jax.Array, np.ndarray]:
+        """The draft a speculative step would verify now, uncapped: (tokens int32 [B, N], valid
+        bool [B, N], parents int [N]), for the loop's shadow evidence during plain decoding
+        (`ssd_jax.engine.shadow`)."""
+        tokens, valid = self._draft_tree(inner)
+        return tokens, valid, np.asarray(self.layout.parents)
+
     def pending(self, inner) -> tuple[jax.Array, jax.Array]:
         """The missed tokens are in the context: the buffer only bounds plain phases."""
         return unread_count_only(inner["context_len"].shape[0], self.pending_width)
