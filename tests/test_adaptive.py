@@ -168,7 +168,7 @@ ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
 MARGINAL = np.asarray([1.0, 1.2, 0.1, 0.5, 0.0], np.float32)
 # The same for the law tests' batch of 6000 rows, whose unluckiest row sets the batch's pace: one
 # speculative step, then plain steps.
-CHEAP = np.asarray([1.0, 0.75, 0.05, 0.5, 0.0], np.float32)
+CHEAP = np.asarray([1.0, 0.6, 0.05, 0.5, 0.0], np.float32)
 
 
 def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):

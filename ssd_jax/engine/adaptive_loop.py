@@ -37,6 +37,7 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
           and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then being a
           verified token's cost
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
+           (not for retrieval, which keeps measuring while it decodes plainly: below)
 
 (at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps), with
 n the row's short memory's effective number of steps: the noise allowance keeps a chance
@@ -394,13 +395,20 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         linear = c_spec + forwards * c_draft
         return linear if cap_seconds is None else jnp.where(cap_seconds > 0, cap_seconds, linear)
 
+    # Parts whose drafts are retrieval's point masses (`shadow_tree`) learn their acceptance during
+    # plain steps too (`ssd_jax.engine.shadow`), so they never probe, and need no noise allowance:
+    # falling back after a chance dip stops nothing from being measured (LogitSpec at batch 8 on
+    # CPU, T=0: 0.93-1.15x AR without it, 0.91-1.07x with it; a tree step costs 2-3 plain steps).
+    shadow = getattr(parts, "shadow_tree", None)
+    z_noise = Z if shadow is None else 0.0
+
     def pays_at(e: Evidence, index: jax.Array, cost: jax.Array) -> jax.Array:
         """Whether speculating at cap index + 1 pays, from the short memory: unless its E is
         below the break-even by more than its noise, Z standard errors, with (1 + DECAY) R_1
         the decayed sums' effective number of steps."""
         mean, sd = tokens_mean_and_spread(*pooled(e.reached, e.accepted, e.running), a, index + 1)
         samples = jnp.maximum((1 + DECAY) * e.reached[:, 0], 1.0)
-        steps = batch_steps(mean + Z * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
+        steps = batch_steps(mean + z_noise * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
         plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
         return forced | (steps * cost[index] <= plain_steps * c_ar)
 
@@ -475,9 +483,6 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                          long_accepted=LONG_DECAY * s.long_accepted + hit,
                          long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share)
 
-    # Parts whose drafts are retrieval's point masses (`shadow_tree`) learn their acceptance during
-    # plain steps too (`ssd_jax.engine.shadow`), so they never probe.
-    shadow = getattr(parts, "shadow_tree", None)
 
     def plain_step(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
