@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.engine import adaptive
+from ssd_jax.engine import adaptive, adaptive_loop
 from ssd_jax.engine.decoder import decode_arrays
 from ssd_jax.engine.prompts import row_keys
 from ssd_jax.errors import InputError
@@ -162,13 +162,17 @@ def test_retrieval_auto_greedy_equals_autoregressive(models, method):
 # costs that always pay: (AR step, speculative step, draft forward, prior acceptance, forced cap).
 FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5, 0.0], np.float32)
 ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
-# Retrieval learns its acceptance during plain steps (shadow evidence) and never probes: with a
-# speculative step at 1.2 plain steps, its drafts pay at first (at the prior acceptance), then
-# after misses not, then maybe again.
+# Retrieval, and a draft model at T=0 or SD's, learn their acceptance during plain steps (shadow
+# evidence, the draft scored when it catches up) and never probe: with a speculative step at 1.2
+# plain steps, their drafts pay at first (at the prior acceptance), then after misses not, then
+# maybe again.
 MARGINAL = np.asarray([1.0, 1.2, 0.1, 0.5, 0.0], np.float32)
 # The same for the law tests' batch of 6000 rows, whose unluckiest row sets the batch's pace: one
 # speculative step, then plain steps.
 CHEAP = np.asarray([1.0, 0.6, 0.05, 0.5, 0.0], np.float32)
+# For a draft model there: a prior acceptance (0.9) that makes its first step speculative, the
+# measured one plain after it (at a chosen cap below the maximum).
+DRAFT_THEN_PLAIN = np.asarray([1.0, 1.2, 0.2, 0.9, 0.0], np.float32)
 
 
 def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):
@@ -193,7 +197,7 @@ def test_fallback_to_plain_decoding_is_exact_greedy(models):
     prompts = [[3, 4, 5, 6], [9, 2]]
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
-    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), FALL_BACK, SamplingParams(),
+    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), MARGINAL, SamplingParams(),
                   row_keys(None, 2), 60)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
@@ -209,7 +213,7 @@ def assert_no_idle_steps(counters) -> None:
 
 @pytest.mark.parametrize("method, costs", [(ssd_jax.PLD(draft_len="auto"), MARGINAL),
                                            (ssd_jax.LogitSpec(draft_len="auto", tree_size=8), MARGINAL),
-                                           (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK)],
+                                           (ssd_jax.CSD(max_draft_tokens="auto"), MARGINAL)],
                          ids=["pld", "logitspec", "csd"])
 def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method, costs):
     """Retrieval or cascade steps, then plain steps that still extend the context (and
@@ -227,17 +231,21 @@ def test_other_fallbacks_to_plain_decoding_are_exact_greedy(models, method, cost
     assert_no_idle_steps(counters)
 
 
-@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8)],
-                         ids=["pld", "logitspec"])
-def test_retrieval_that_never_pays_never_probes(models, method):
-    """Where speculation never pays, retrieval decodes every step plainly: its acceptance comes
-    from walking each plain block's draft with the block's tokens, not from probes (a probe is a
-    whole speculative step)."""
-    target, _ = models
+@pytest.mark.parametrize("method", [ssd_jax.PLD(draft_len="auto"), ssd_jax.LogitSpec(draft_len="auto", tree_size=8),
+                                    ssd_jax.SD(draft_len="auto"), ssd_jax.SpecInfer(draft_len="auto", paths=2),
+                                    ssd_jax.CSD(max_draft_tokens="auto", lenience=1.0)],
+                         ids=["pld", "logitspec", "sd", "specinfer", "csd-lenience-1"])
+def test_speculation_that_never_pays_never_probes(models, method):
+    """Where speculation never pays, retrieval and draft models at T=0 decode every step plainly:
+    their acceptance comes from walking each plain block's draft with the block's tokens, or from
+    the draft scoring the tokens it missed when it catches up, not from probes (a probe is a whole
+    speculative step). CSD only with a strict review: T=0's lenient one keeps its probes."""
+    target, draft = models
+    draft = draft if method.drafts_with_model else None
     prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]]
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
-    out = _decode(target, None, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
+    out = _decode(target, draft, prompts, method, FALL_BACK, SamplingParams(), row_keys(None, 2), 60, draft_len=3)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     assert counters.num_drafts.max() == 0 and counters.ar_steps.min() == 59
@@ -267,9 +275,8 @@ def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     ar = ssd_jax.generate(target, prompts, max_new_tokens=61)
     draft = draft if method.drafts_with_model else None
-    # Retrieval never probes (shadow evidence): costs where its drafts pay at first.
-    costs = FALL_BACK if method.drafts_with_model else MARGINAL
-    out = _decode(target, draft, prompts, method, costs, SamplingParams(), row_keys(None, rows), 61,
+    # None of them probes at T=0: costs where their drafts pay at first.
+    out = _decode(target, draft, prompts, method, MARGINAL, SamplingParams(), row_keys(None, rows), 61,
                   draft_len=3)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
@@ -289,7 +296,7 @@ def tiny_models():
     (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE, 2),
     (ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2),
     (ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4),
-    (ssd_jax.SD(draft_len="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 4),
+    (ssd_jax.SD(draft_len="auto"), DRAFT_THEN_PLAIN, 4),
     (ssd_jax.SD(draft_len="auto"), "blocks_of_2", 4),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), "blocks_of_2", 4),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
@@ -297,8 +304,8 @@ def tiny_models():
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), CHEAP, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), CHEAP, 2),
-    (ssd_jax.CSD(max_draft_tokens="auto"), FALL_BACK, 2),
-    (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32), 2),
+    (ssd_jax.CSD(max_draft_tokens="auto"), DRAFT_THEN_PLAIN, 2),
+    (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.0, 0.1, 0.9, 0.0], np.float32), 2),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
         "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain",
@@ -309,13 +316,14 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
     the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap.
     "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps, with steps run
-    after every row is done. Retrieval never probes: its "then plain" costs pay at first, then
-    (after misses) not."""
+    after every row is done. Retrieval, SD and CSD never probe (they learn while decoding plainly;
+    SD's and CSD's plain steps record the target's probability of each token for the draft's
+    scoring): their "then plain" costs pay at first, then not. BV and GBV at T=1 still probe."""
     while_loop = isinstance(costs, str) and costs == "while_loop"
-    then_plain = costs is CHEAP
+    then_plain = costs is CHEAP or costs is DRAFT_THEN_PLAIN
     if isinstance(costs, str) and costs == "blocks_of_2":
         gpu_adaptive_policy(monkeypatch, steps_per_check=2)
-        costs = np.asarray([1.0, 1.5, 0.2, 0.5, 0.0], np.float32) if method.drafts_with_model else CHEAP
+        costs = DRAFT_THEN_PLAIN if method.drafts_with_model else CHEAP
     if isinstance(costs, str):
         from ssd_jax.engine.speculative import SpeculativeParts
 
@@ -364,6 +372,26 @@ def test_a_draft_equal_to_the_target_drafts_to_the_maximum(models):
         counters = jax.device_get(out.counters["spec"])
         assert np.all(counters.num_drafted == 4 * counters.num_drafts) and counters.ar_steps.sum() == 0
         assert np.all(counters.num_accepted == counters.num_drafted)
+
+
+@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.CSD(max_draft_tokens="auto", lenience=1.0)],
+                         ids=["sd", "csd-lenience-1"])
+def test_a_draft_scored_on_the_plain_tokens_brings_speculation_back(models, method):
+    """A loop that starts plain (prior acceptance 0: a step would emit one token) with a draft that
+    always agrees with the target: when the draft catches up it scores itself on the tokens it
+    missed, and speculation resumes without a probe; the AR tokens."""
+    target, _ = models
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    prompts = [[3, 4, 5, 6], [9, 2]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=60)
+    out = _decode(target, target, prompts, method, np.asarray([1.0, 1.2, 0.1, 0.0, 0.0], np.float32),
+                  SamplingParams(), row_keys(None, 2), 60, draft_len=3)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    # Plain until the pending buffer filled (a probe would have speculated from the first step),
+    # then speculation.
+    assert counters.ar_steps.min() >= adaptive_loop.PENDING_WIDTH - 2 and counters.ar_steps.max() < 30
+    assert counters.num_drafts.min() > 0 and counters.num_accepted.sum() >= 0.8 * counters.num_drafted.sum()
 
 
 def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):

@@ -157,6 +157,9 @@ def tiny_models():
 
 
 def _empirical(target, drafts, options):
+    """The law of 3 sampled tokens; a fixed draft length unless options name one (under "auto"
+    the loop may rightly decode 3 tokens plainly, and the law would not test the cascade)."""
+    options = dict(dict(max_draft_tokens=3), **options)
     keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
     out = ssd_jax.generate(target, [PROMPT] * SAMPLES, max_new_tokens=3, key=keys,
                            temperature=1.0, **csd_args(target, drafts, TINY_BIGRAM, **options))

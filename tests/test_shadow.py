@@ -1,5 +1,6 @@
 """Shadow evidence (`ssd_jax.engine.shadow`): walking a retrieval draft with the tokens plain
-decoding drew gives the accepted count's law of a speculative step on that draft."""
+decoding drew gives the accepted count's law of a speculative step on that draft; a draft model
+reading those tokens scores its acceptance at each of them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine.shadow import matched_depth, shadow_counts
+import pytest
+
+import ssd_jax
+from ssd_jax.engine.adaptive import AutoPlan
+from ssd_jax.engine.decoder import make_parts
+from ssd_jax.engine.shadow import chain_counts, matched_depth, shadow_counts
+from ssd_jax.models.kv_cache import commit, init_cache
+from ssd_jax.models.transformer import forward_cached, forward_full
+from ssd_jax.sampling import SamplingParams, probabilities
+from spec_models import law_pair, noisy_copy
 from ssd_jax.verify.point_tree import point_mass_tree
 
 V = 3
@@ -68,3 +78,91 @@ def test_shadow_depth_has_the_law_of_the_verified_accepted_count():
     wrong = np.bincount([sum(1 for _ in itertools.takewhile(lambda t: t[0] == t[1], zip(x, (1, 2, 0))))
                          for x in continuations], weights=weights, minlength=4)
     assert np.abs(wrong - verified_law).max() > 0.02   # the check tells a chain-only walk apart
+
+
+def test_chain_counts_start_a_step_at_every_known_position():
+    acceptance = jnp.asarray([[1.0, 1.0, 0.0, 1.0], [0.5, 0.5, 1.0, 1.0]])
+    known = jnp.asarray([[True] * 4, [False, True, True, True]])
+    reached, hit, steps = chain_counts(acceptance, known, draft_len=2)
+    # Row 0: 4 steps reach position 1 (3 accepted); 3 have position 2 in view, reaching it with
+    # 1 + 1 + 0 and accepting it with 1 + 0 + 0. Row 1 starts at 1: 3 and 2 steps.
+    np.testing.assert_allclose(np.asarray(reached), [[4, 2], [3, 1.5]])
+    np.testing.assert_allclose(np.asarray(hit), [[3, 1], [2.5, 1.5]])
+    assert steps.tolist() == [4, 3]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_scored_resync_scores_each_drawn_token_against_the_draft_law_before_it(temperature):
+    """The draft reads a context whose last tokens plain steps drew: each such token y at slot
+    j + 1 is scored min(1, q_j(y) / p(y)), q_j the draft's law after slot j (a full forward over
+    the text), p(y) the law recorded for it; the draft ends holding all but cur."""
+    target, draft = law_pair(5)
+    sampling = SamplingParams(temperature=temperature)
+    method = ssd_jax.SD(draft_len="auto")
+    parts = make_parts(method, target, draft, sampling, 8, 16, plan=AutoPlan(draft_len=2, threshold=None, capped=True))
+    assert parts.learns_while_plain
+    text = np.asarray([[0, 2, 1, 3, 0, 4, 1, 2, 2, 3], [4, 4, 0, 1, 2, 3, 0, 1, 4, 0]], np.int32)
+    read = 3   # the draft holds text[:, :3]; the pending tokens are text[:, 3:]
+    positions = jnp.broadcast_to(jnp.arange(read), (2, read))
+    _, cache = forward_cached(parts.dparams, draft.config, jnp.asarray(text[:, :read]), positions,
+                              init_cache(draft.config, 2, 40))
+    cache = commit(cache, jnp.full((2,), read))
+    width = parts.pending_width
+    pending = np.zeros((2, width), np.int32)
+    pending_len = np.asarray([7, 5])
+    for b in range(2):
+        pending[b, :pending_len[b]] = text[b, read:read + pending_len[b]]
+    laws = np.zeros((2, width), np.float32)
+    laws[:, 2:] = np.where(np.arange(width - 2) % 2 == 0, 0.25, 0.75)   # slots 2.. drawn by plain steps
+    inner = dict(dcache=cache, chunk=jnp.zeros((2, 2), jnp.int32), chunk_len=jnp.ones((2,), jnp.int32))
+    inner, acceptance, known = jax.jit(parts.scored_resync)(inner, jnp.asarray(pending), jnp.asarray(pending_len),
+                                                           jnp.asarray(laws))
+    q = probabilities(forward_full(draft.params, draft.config, jnp.asarray(text)), sampling)
+    for b in range(2):
+        n = pending_len[b]
+        assert np.asarray(known[b]).tolist() == [1 <= j < n - 1 for j in range(width - 1)]
+        for j in range(1, n - 1):
+            y = pending[b, j + 1]
+            expected = min(1.0, float(q[b, read + j, y]) / laws[b, j + 1])
+            np.testing.assert_allclose(float(acceptance[b, j]), expected, rtol=1e-5)
+        assert int(inner["dcache"].lengths[b]) == read + n - 1
+        assert int(inner["chunk"][b, 0]) == pending[b, n - 1] and int(inner["chunk_len"][b]) == 1
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_cascade_scores_its_largest_drafter_on_the_phase_tokens(temperature):
+    """CSD's pending buffer holds the phase's tokens from slot 1 (the context holds them too):
+    the largest drafter is scored after each, as SD's draft is, and every drafter ends holding
+    all but cur."""
+    target, draft = law_pair(5)
+    smaller = noisy_copy(target, 2.0, 7)
+    sampling = SamplingParams(temperature=temperature)
+    plan = AutoPlan(draft_len=3, threshold=None, capped=True)
+    # T=0's default lenient review (2) passes near-argmax tokens the target rejects: no scoring.
+    lenient = make_parts(ssd_jax.CSD(max_draft_tokens="auto"), target, (draft, smaller), sampling, 8, 16, plan=plan)
+    assert lenient.learns_while_plain == (temperature > 0)
+    parts = make_parts(ssd_jax.CSD(max_draft_tokens="auto", lenience=1.0), target, (draft, smaller), sampling, 8, 16,
+                       plan=plan)
+    assert parts.learns_while_plain
+    text = np.asarray([[0, 2, 1, 3, 0, 4, 1, 2, 2, 3], [4, 4, 0, 1, 2, 3, 0, 1, 4, 0]], np.int32)
+    read, pending_len = 3, np.asarray([7, 5])
+    inner = parts.init(jnp.asarray(text[:, :read]), jnp.full((2,), read), jnp.asarray(text[:, read]), None)
+    width = parts.pending_width
+    pending, laws = np.zeros((2, width), np.int32), np.zeros((2, width), np.float32)
+    context = np.array(inner.context)
+    for b in range(2):
+        n = pending_len[b]
+        pending[b, 1:n] = text[b, read + 1:read + n]
+        laws[b, 1:n] = np.where(np.arange(1, n) % 2 == 0, 0.25, 0.75)
+        context[b, read + 1:read + n] = pending[b, 1:n]
+    inner = inner.replace(context=jnp.asarray(context), length=jnp.asarray(read + pending_len))
+    inner, acceptance, known = jax.jit(parts.scored_resync)(inner, jnp.asarray(pending), jnp.asarray(pending_len),
+                                                           jnp.asarray(laws))
+    q = probabilities(forward_full(draft.params, draft.config, jnp.asarray(text)), sampling)
+    for b in range(2):
+        n = pending_len[b]
+        assert np.asarray(known[b]).tolist() == [j < n - 1 for j in range(width - 1)]
+        for j in range(n - 1):
+            expected = min(1.0, float(q[b, read + j, pending[b, j + 1]]) / laws[b, j + 1])
+            np.testing.assert_allclose(float(acceptance[b, j]), expected, rtol=1e-5)
+        assert [int(c.lengths[b]) for c in inner.caches] == [read + n - 1] * 2

@@ -2,13 +2,14 @@
 while they do not, all inside one jitted program (no host round trip).
 
     while some row runs:
-        speculative steps while they pay (at least one, a probe, unless backing off; parts with
-            `shadow_tree` never probe), each
+        speculative steps while they pay (at least one, a probe, unless backing off; parts that
+            measure while decoding plainly never probe), each
             drafting up to the length that pays best (parts with `dispatch_caps`: one compiled
             step per cap, chosen once per run of steps at the same cap)
         plain decoding steps while speculation does not pay (checked every PLAIN_BLOCK steps,
             single steps near the end), the draft falling behind by at most `pending_width` tokens
-        the draft reads the tokens it missed (one forward)
+        the draft reads the tokens it missed (one forward; parts with `learns_while_plain` score
+            it on them there)
 
 The loop keeps, per row and draft position k, decayed sums of how often a step's draft reached
 k (R_k) and had its k-th token accepted (A_k); alpha_k = A_k / R_k is the row's acceptance at k
@@ -58,8 +59,12 @@ its start with the tokens the block drew, which has the law of a speculative ste
 (`ssd_jax.engine.shadow`), so the memories keep measuring while the loop decodes plainly, the
 cap and whether to speculate are decided after every block, and speculation resumes where the
 text turns copyable (PLD at batch 8 on CPU, paired: short prompts at T=0 1.05x AR against 0.99x
-with probes; LogitSpec on held-out code at T=0 1.03x against 0.91x). Both memories start from PRIOR_STEPS steps
-at the plan's acceptance. Each alpha_k is shrunk towards the acceptance pooled over positions
+with probes; LogitSpec on held-out code at T=0 1.03x against 0.91x). Draft models need none where
+their acceptance is token-wise (SD; every method at T=0; CSD's largest drafter, whose review
+gives the draft its law): plain steps record the target's probability of each token they draw,
+and when the draft catches up it scores itself on them (`chain_counts`: every token a speculative
+step starting there, each worth 1 / PLAIN_BLOCK steps), then the loop decides. Both memories
+start from PRIOR_STEPS steps at the plan's acceptance. Each alpha_k is shrunk towards the acceptance pooled over positions
 by POOLING steps' worth, so a position whose estimate fell low by chance (and that shorter caps
 then stop measuring) drifts back and is tried again.
 
@@ -77,7 +82,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.shadow import shadow_counts
+from ssd_jax.engine.shadow import chain_counts, shadow_counts
 from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, room_gated, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
@@ -207,9 +212,11 @@ class AdaptiveState:
     over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
     the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
-    read (ending with cur); cap int32 [], pays bool []: the next step's cap and whether
-    speculating pays, from the memories above (computed once per update); chosen int32 []: the
-    cap the loop chose minus one (cap itself is the forced one under forced inputs)."""
+    read (ending with cur); pending_law float32 [B, P]: the target's probability of each pending
+    token a plain step drew (parts with `learns_while_plain`; else zeros); cap int32 [], pays
+    bool []: the next step's cap and whether speculating pays, from the memories above (computed
+    once per update); chosen int32 []: the cap the loop chose minus one (cap itself is the forced
+    one under forced inputs)."""
 
     decode: DecodeState
     reached: jax.Array
@@ -223,6 +230,7 @@ class AdaptiveState:
     backoff: jax.Array
     pending: jax.Array
     pending_len: jax.Array
+    pending_law: jax.Array
     cap: jax.Array
     pays: jax.Array
     chosen: jax.Array
@@ -365,7 +373,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                             long_steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
-                            pending=pending, pending_len=pending_len, cap=zero, pays=jnp.zeros((), bool),
+                            pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
+                            cap=zero, pays=jnp.zeros((), bool),
                             chosen=zero)
 
     def running(s: AdaptiveState):
@@ -396,11 +405,16 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         return linear if cap_seconds is None else jnp.where(cap_seconds > 0, cap_seconds, linear)
 
     # Parts whose drafts are retrieval's point masses (`shadow_tree`) learn their acceptance during
-    # plain steps too (`ssd_jax.engine.shadow`), so they never probe, and need no noise allowance:
-    # falling back after a chance dip stops nothing from being measured (LogitSpec at batch 8 on
-    # CPU, T=0: 0.93-1.15x AR without it, 0.91-1.07x with it; a tree step costs 2-3 plain steps).
+    # plain steps too (`ssd_jax.engine.shadow`), after every block; parts whose draft model scores
+    # the tokens plain steps drew when it reads them (`learns_while_plain`), at every resync. Both
+    # never probe. Retrieval needs no noise allowance: falling back after a chance dip stops nothing
+    # from being measured, and the next block tells (LogitSpec at batch 8 on CPU, T=0: 0.93-1.15x
+    # AR without it, 0.91-1.07x with it; a tree step costs 2-3 plain steps). A draft model keeps
+    # it: its evidence comes only when the pending buffer is full, up to PENDING_WIDTH tokens later.
     shadow = getattr(parts, "shadow_tree", None)
-    z_noise = Z if shadow is None else 0.0
+    scored = getattr(parts, "learns_while_plain", False)
+    measures_plain = shadow is not None or scored
+    z_noise = 0.0 if shadow is not None else Z
 
     def pays_at(e: Evidence, index: jax.Array, cost: jax.Array) -> jax.Array:
         """Whether speculating at cap index + 1 pays, from the short memory: unless its E is
@@ -459,6 +473,17 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     steps_per_check = policy_for(tparams).adaptive_steps_per_check
     plain_block = max(steps_per_check, PLAIN_BLOCK)
 
+    def learn(s: AdaptiveState, reached: jax.Array, hit: jax.Array, steps: jax.Array | None = None) -> AdaptiveState:
+        """s with both memories updated by per-position counts float32 [B, L] worth `steps`
+        float32 [B] speculative steps (None: one), the memories decayed once per step."""
+        if steps is None:
+            short, long, weight = DECAY, LONG_DECAY, 1.0
+        else:
+            short, long, weight = DECAY ** steps[:, None], LONG_DECAY ** steps[:, None], jnp.max(steps)
+        return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
+                         long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
+                         long_steps=LONG_DECAY ** weight * s.long_steps + weight)
+
     def speculative_step(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         d = s.decode
         active = ~d.outputs.done
@@ -477,12 +502,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         else:
             ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(cap - 1, 1).astype(jnp.float32)
             share = jnp.where(cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
-        return s.replace(decode=d, spec_steps=s.spec_steps + 1,
-                         reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
-                         long_reached=LONG_DECAY * s.long_reached + reached,
-                         long_accepted=LONG_DECAY * s.long_accepted + hit,
-                         long_steps=LONG_DECAY * s.long_steps + 1, forward_share=share)
-
+        return learn(s.replace(decode=d, spec_steps=s.spec_steps + 1, forward_share=share), reached, hit)
 
     def plain_step(s: AdaptiveState) -> AdaptiveState:
         d = s.decode
@@ -493,7 +513,9 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
         s = s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32))
-        if shadow is not None:
+        if scored:
+            s = s.replace(pending_law=s.pending_law.at[rows, slot].set(verdict.token_law, mode="drop"))
+        if measures_plain:
             return s
         # The short memory moves towards the long one's per-step means at the speculative pace.
         return s.replace(reached=DECAY * s.reached + s.long_reached / s.long_steps,
@@ -514,6 +536,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         return decide(s, due=(s.spec_steps - 1) % DECIDE_EVERY == 0)
 
     def plain(s: AdaptiveState, count: int) -> AdaptiveState:
+        if scored:
+            return repeated(plain_step, s, count)   # nothing learnt before the resync
         if shadow is None:
             return recheck(repeated(plain_step, s, count))
         # The draft a speculative step would have verified, walked with the block's tokens: one
@@ -523,11 +547,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         s = repeated(plain_step, s, count)
         slots = jnp.minimum(start_len[:, None] + jnp.arange(count)[None, :], s.pending.shape[1] - 1)
         emitted = jnp.take_along_axis(s.pending, slots, axis=1)
-        reached, hit = shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, L)
-        s = s.replace(reached=DECAY * s.reached + reached, accepted=DECAY * s.accepted + hit,
-                      long_reached=LONG_DECAY * s.long_reached + reached,
-                      long_accepted=LONG_DECAY * s.long_accepted + hit, long_steps=LONG_DECAY * s.long_steps + 1)
-        return decide(s)
+        return decide(learn(s, *shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, L)))
 
     def plain_blocks(s: AdaptiveState, count: int) -> AdaptiveState:
         """Blocks of `count` plain steps while speculation does not pay, the block fits in the
@@ -545,7 +565,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         return jax.lax.while_loop(more, functools.partial(plain, count=count), s)
 
     def phase(s: AdaptiveState) -> AdaptiveState:
-        probe = (s.wait <= 0) & (shadow is None)
+        probe = (s.wait <= 0) & (not measures_plain)
 
         def speculating(s: AdaptiveState):
             return running(s) & fits(s) & ((probe & (s.spec_steps == 0)) | s.pays)
@@ -571,13 +591,20 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
         s = s.replace(backoff=backoff, wait=wait)
         pending, pending_len = parts.pending(s.decode.inner)
-        s = s.replace(pending=pending, pending_len=pending_len)
+        s = s.replace(pending=pending, pending_len=pending_len, pending_law=jnp.zeros_like(s.pending_law))
         s = plain_blocks(s, plain_block)
         if plain_block > steps_per_check:
             # The rest of the phase one check block at a time: near the end of the call, where a
             # block would decode past every row's last token, and to fill the pending buffer.
             s = plain_blocks(s, steps_per_check)
-        inner = parts.resync(s.decode.inner, s.pending, s.pending_len)
-        return s.replace(decode=s.decode.replace(inner=inner))
+        if not scored:
+            return s.replace(decode=s.decode.replace(inner=parts.resync(s.decode.inner, s.pending, s.pending_len)))
+        # Every token a plain step drew counts as a speculative step starting there, each worth
+        # 1 / PLAIN_BLOCK steps: as much evidence per plain token as retrieval's shadow walks.
+        inner, acceptance, known = parts.scored_resync(s.decode.inner, s.pending, s.pending_len, s.pending_law)
+        reached, hit, steps = chain_counts(acceptance, known, L)
+        s = learn(s.replace(decode=s.decode.replace(inner=inner)), reached / PLAIN_BLOCK, hit / PLAIN_BLOCK,
+                  steps / PLAIN_BLOCK)
+        return decide(s)
 
     return jax.lax.while_loop(running, phase, decide(initial)).decode

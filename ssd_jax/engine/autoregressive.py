@@ -16,7 +16,7 @@ from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit
 from ssd_jax.models.transformer import decode_params, forward_cached
-from ssd_jax.sampling import SamplingParams
+from ssd_jax.sampling import SamplingParams, probabilities
 
 
 def unroll_layers(model=None) -> bool:
@@ -70,8 +70,16 @@ class ARParts:
     def init(self, tokens, lengths, first, logits):
         return ()
 
-    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
-        return self.logits_and_step(state, keys, active)[1]
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, with_law: bool = False) -> Verdict:
+        """with_law: the verdict carries the target's probability of the token it drew
+        (`Verdict.token_law`: 1 at T=0), for adaptive speculation's draft scoring."""
+        logits, verdict = self.logits_and_step(state, keys, active)
+        if not with_law:
+            return verdict
+        law = jnp.ones(verdict.next_token.shape, jnp.float32)
+        if not self.sampling.greedy:
+            law = jnp.take_along_axis(probabilities(logits, self.sampling), verdict.next_token[:, None], axis=1)[:, 0]
+        return verdict.replace(token_law=law)
 
     def logits_and_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> tuple[jax.Array, Verdict]:
         """`step`, also returning the target's logits float32 [B, V] the next token was drawn from."""

@@ -31,8 +31,10 @@ import numpy as np
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
+from ssd_jax.draft.vocab import align_logits
 from ssd_jax.engine.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.engine.autoregressive import ARParts
+from ssd_jax.engine.shadow import scored_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
@@ -183,7 +185,7 @@ class CascadeParts:
         """A plain decoding step: the target reads cur, the token it samples joins the context;
         the drafters fall behind (`resync`)."""
         plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
-        verdict = plain.step(state, keys, active)
+        verdict = plain.step(state, keys, active, with_law=self.learns_while_plain)
         dstate, capacity = state.inner, self.capacity
         rows = jnp.arange(keys.shape[0])
         end = state.tcache.lengths + 1   # the new token's position
@@ -194,21 +196,50 @@ class CascadeParts:
         """The missed tokens are in the context: the buffer only bounds plain phases."""
         return unread_count_only(inner.length.shape[0], self.pending_width)
 
+    @property
+    def learns_while_plain(self) -> bool:
+        """Whether plain steps record their tokens' target probabilities for `scored_resync`: the
+        largest drafter reviews last, so a draft has its law (at T=0 with lenience 1 its greedy
+        continuation), and scoring it on the tokens plain steps drew tells the loop what
+        speculating would have had accepted (`ssd_jax.engine.shadow`). Not with a lenient review
+        (T=0's default), which lets near-argmax tokens through that the target rejects: on base64
+        noise at batch 8 the score said speculation paid on 39% of the steps, which then ran at
+        0.90x AR (0.92x with probes); nor without a model."""
+        return len(self.dparams) > 0 and self.lenience == 1.0
+
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         """Every drafter reads the context up to cur (not included), as after a speculative step."""
+        return self._read_context(inner, None)[0]
+
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+        """`resync`, scoring the largest drafter on the tokens plain steps drew (arguments and
+        returns as `ssd_jax.engine.speculative.SpeculativeParts.scored_resync`): pending slot
+        k >= 1 holds the k-th token of the phase, the last (cur) at context position length - 1."""
+        slots = jnp.arange(pending.shape[1] - 1, dtype=jnp.int32)[None, :]
+        inner, logits = self._read_context(inner, inner.length[:, None] - pending_len[:, None] + slots)
+        logits = align_logits(logits, self.tcfg.vocab_size)
+        return (inner, *scored_tokens(logits, pending, laws, pending_len, self.sampling))
+
+    def _read_context(self, inner, scored_positions: jax.Array | None):
+        """(inner with every drafter's cache up to cur, the largest drafter's logits float32
+        [B, M, V] after each of scored_positions int32 [B, M], or None)."""
         width, capacity = self.pending_width + self.schedule.max_pending + 1, self.capacity
         cur_position = inner.length - 1
-        caches = []
-        for params, config, cache in zip(self.dparams, self.dcfgs, inner.caches):
+        caches, scored = [], None
+        for level, (params, config, cache) in enumerate(zip(self.dparams, self.dcfgs, inner.caches)):
             start = cache.lengths
             positions = start[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
             tokens = jnp.take_along_axis(inner.context, jnp.clip(positions, 0, capacity - 1), axis=1)
             # Slots past what is committed are never read; clamped for learned position tables.
             positions = jnp.minimum(positions, config.max_position_embeddings - 1)
-            _, cache = forward_cached(params, config, tokens, positions, cache,
-                                      logit_indices=jnp.zeros((start.shape[0], 1), jnp.int32))
+            if level == 0 and scored_positions is not None:
+                indices = jnp.clip(scored_positions - start[:, None], 0, width - 1)
+            else:
+                indices = jnp.zeros((start.shape[0], 1), jnp.int32)
+            logits, cache = forward_cached(params, config, tokens, positions, cache, logit_indices=indices)
+            scored = logits if level == 0 else scored
             caches.append(commit(cache, jnp.maximum(cur_position - start, 0)))
-        return inner.replace(caches=tuple(caches))
+        return inner.replace(caches=tuple(caches)), scored if scored_positions is not None else None
 
 
 def cascade_parts(method, tparams: dict, tcfg: ModelConfig, dparams: tuple, dcfgs: tuple, bigram,

@@ -63,7 +63,9 @@ class Verdict:
     inner: the method's new state; chosen int32 [B, M]: the path the accepted tokens are its
     first `accepted`; accepted int32 [B]; next_token int32 [B]: the correction or bonus token;
     drafted int32 [B] tokens proposed, or None for `counter_width` per row; draft_forwards int32
-    []: the draft forwards the step ran after its catch-up (adaptive speculation's cost input)."""
+    []: the draft forwards the step ran after its catch-up (adaptive speculation's cost input);
+    token_law float32 [B]: a plain step's probability of next_token under the target's law, from
+    parts whose resync scores the draft (`ssd_jax.engine.shadow.chain_counts`), else None."""
 
     tcache: KVCache
     inner: Any
@@ -72,6 +74,7 @@ class Verdict:
     next_token: jax.Array
     drafted: jax.Array | None = None
     draft_forwards: jax.Array | None = None
+    token_law: jax.Array | None = None
 
 
 class Parts(Protocol):

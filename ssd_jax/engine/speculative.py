@@ -22,9 +22,11 @@ import jax.numpy as jnp
 from ssd_jax import verify
 from ssd_jax.backend import policy_for
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
+from ssd_jax.draft.vocab import align_logits
 from ssd_jax.engine.adaptive_loop import at_narrowest, compiled_caps, pending_width, with_one
 from ssd_jax.engine.autoregressive import ARParts
 from ssd_jax.engine.emission import emitted_tokens
+from ssd_jax.engine.shadow import scored_tokens
 from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
@@ -256,10 +258,17 @@ class SpeculativeParts:
 
     # ------------------------------------------------------------ adaptive speculation's fallback
 
+    @property
+    def learns_while_plain(self) -> bool:
+        """Whether plain steps record their tokens' target probabilities for `scored_resync`: where
+        a step's acceptance is token-wise, one path (SD), or any method at T=0, where every
+        verifier accepts the draft's token exactly where it is the target's argmax."""
+        return self.sampling.greedy or self.method == "sd"
+
     def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
         """A plain decoding step (the target alone); the draft is left behind, see `resync`."""
         plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
-        return plain.step(state, keys, active).replace(inner=state.inner)
+        return plain.step(state, keys, active, with_law=self.learns_while_plain).replace(inner=state.inner)
 
     def pending(self, inner) -> tuple[jax.Array, jax.Array]:
         """The tokens the draft has not read, int32 [B, pending_width] (the chunk, ending with
@@ -270,6 +279,20 @@ class SpeculativeParts:
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         """The draft reads every pending token but the last (cur), which becomes the chunk."""
+        return self._read_pending(inner, pending, pending_len, all_logits=False)[0]
+
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+        """`resync`, scoring the draft on the tokens plain steps drew: laws float32 [B, W] (W =
+        pending_width) holds each such token's target probability (`Verdict.token_law`; 0 where
+        a slot's token was not drawn by a plain step). Returns (inner, acceptance, known)
+        (`ssd_jax.engine.shadow.scored_tokens`, the draft's law after each slot)."""
+        inner, logits = self._read_pending(inner, pending, pending_len, all_logits=True)
+        logits = align_logits(logits[::self.num_paths, :-1], self.tcfg.vocab_size)
+        return (inner, *scored_tokens(logits, pending, laws, pending_len, self.sampling))
+
+    def _read_pending(self, inner, pending: jax.Array, pending_len: jax.Array, all_logits: bool):
+        """(inner after the draft read pending[:, :pending_len - 1], the draft's logits float32
+        [B * K, W, Vd] after each slot where all_logits, else None)."""
         K = self.num_paths
         dcache = inner["dcache"]
         width = pending.shape[1]
@@ -277,12 +300,14 @@ class SpeculativeParts:
         # clamped so a model with learned position embeddings never reads past its table.
         positions = jnp.minimum(dcache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :],
                                 self.dcfg.max_position_embeddings - 1)
-        _, dcache = forward_cached(self.dparams, self.dcfg, jnp.repeat(pending, K, axis=0), positions, dcache,
-                                   logit_indices=jnp.zeros((dcache.lengths.shape[0], 1), jnp.int32))
+        indices = None if all_logits else jnp.zeros((dcache.lengths.shape[0], 1), jnp.int32)
+        logits, dcache = forward_cached(self.dparams, self.dcfg, jnp.repeat(pending, K, axis=0), positions, dcache,
+                                        logit_indices=indices)
         dcache = commit(dcache, jnp.repeat(pending_len - 1, K))
         cur = jnp.take_along_axis(pending, (pending_len - 1)[:, None], axis=1)[:, 0]
         chunk = jnp.zeros_like(inner["chunk"]).at[:, 0].set(cur)
-        return dict(dcache=dcache, chunk=chunk, chunk_len=jnp.ones_like(inner["chunk_len"]))
+        inner = dict(dcache=dcache, chunk=chunk, chunk_len=jnp.ones_like(inner["chunk_len"]))
+        return inner, logits if all_logits else None
 
 
 def speculative_parts(method, tparams: dict, tcfg: ModelConfig, dparams: dict, dcfg: ModelConfig,
