@@ -5,7 +5,8 @@ Measuring them runs the program ~20 times on a few tokens: on the embedded pair 
 at batch 8, 3-8 s, several times a 128-token call itself, which every new process (the command
 line, a notebook restart) paid again. An entry is one small JSON file named by a digest of
 
-    the program's optimized HLO text (what runs: model shapes, method, batch, buckets, sampling)
+    the program's optimized HLO text (what runs: model shapes, method, batch, buckets, sampling),
+        without its debug information (`program_text`)
     the machine (backend, device kind, CPU model, core count, jax and jaxlib versions, XLA_FLAGS)
     FORMAT (bumped whenever what a calibration measures changes)
 
@@ -24,6 +25,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 import warnings
 
@@ -53,6 +55,22 @@ def machine() -> dict:
                 xla_flags=os.environ.get("XLA_FLAGS", ""))
 
 
+# Debug information in an HLO module's text: the tables of source files, functions, locations and
+# stack frames (a header line, then lines `N "..."` or `N {...}`), and each instruction's
+# `metadata={...}` (op names, source lines, stack frame ids).
+_DEBUG_TABLE = re.compile(r"^(?:FileNames|FunctionNames|FileLocations|StackFrames)$|^\d+ [\"{].*$")
+_METADATA = re.compile(r', metadata=\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}')
+
+
+def program_text(text: str) -> str:
+    """An optimized HLO module's text without its debug information: what the program computes.
+    The same program read back from JAX's persistent compilation cache prints fewer stack frames
+    than when it was compiled, and a comment moved in the caller's file changes source lines;
+    neither changes what a calibration measures."""
+    lines = (_METADATA.sub("", line) for line in text.splitlines() if not _DEBUG_TABLE.match(line))
+    return "\n".join(line for line in lines if line.strip())
+
+
 def entry_name(executable) -> str | None:
     """The file name of the program's calibration (a digest), None where the program's text
     cannot be had."""
@@ -64,7 +82,7 @@ def entry_name(executable) -> str | None:
         return None
     digest = hashlib.sha256()
     digest.update(json.dumps(dict(format=FORMAT, machine=machine()), sort_keys=True).encode())
-    digest.update(text.encode())
+    digest.update(program_text(text).encode())
     return digest.hexdigest()[:32] + ".json"
 
 
