@@ -49,21 +49,23 @@ def mesh_of(shape: str):
     return jax.make_mesh((data, model), ("data", "model"), devices=jax.devices()[:data * model])
 
 
-def method_for(name: str):
-    """The method's default object for SD (its draft_len="auto" loop, sharded), and for the others
-    the fixed lengths the sharding checks were written for (`method_options.FIXED`): compiling
-    every method's adaptive loop on 8 fake devices costs about half a minute more."""
+def method_for(name: str, adaptive: bool = True):
+    """The method's default object for SD where `adaptive` (its draft_len="auto" loop, sharded),
+    and otherwise the fixed lengths the sharding checks were written for (`method_options.FIXED`):
+    compiling every method's adaptive loop on 8 fake devices costs about half a minute more."""
     from method_options import FIXED
 
-    return ssd_jax.methods.METHOD_CLASSES[name](**({} if name == "sd" else FIXED.get(name, {})))
+    return ssd_jax.methods.METHOD_CLASSES[name](**({} if name == "sd" and adaptive else FIXED.get(name, {})))
 
 
-def tokens_of(target, draft, prompts, name, temperature):
+def tokens_of(target, draft, prompts, name, temperature, adaptive: bool = True):
+    """adaptive: SD's "auto" loop (False: fixed SD, for checks of sharding rules, whose adaptive
+    loop the mesh check already runs sharded; its programs per cap cost ~40 s to compile here)."""
     draft = (draft if name in DRAFTED else None)
     if name == "csd" and target.tokenizer is None:  # Max-Gram's table for a model with no tokenizer
         vocab = target.config.vocab_size
         draft = (draft, ssd_jax.MaxGram(bigram=jnp.asarray(np.roll(np.arange(vocab, dtype=np.int32), -1))))
-    out = ssd_jax.generate(target, prompts, method=method_for(name), draft=draft, max_new_tokens=16,
+    out = ssd_jax.generate(target, prompts, method=method_for(name, adaptive), draft=draft, max_new_tokens=16,
                            temperature=temperature, key=jax.random.PRNGKey(3))
     return out.tokens
 
@@ -167,8 +169,8 @@ def check_model_only() -> dict:
     prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8], [100, 101, 102]]
     mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4])
     ts, ds = ssd_jax.shard(target, mesh), ssd_jax.shard(draft, mesh)
-    return dict(same={m: tokens_of(ts, ds, prompts, m, 0.0) == tokens_of(target, draft, prompts, m, 0.0)
-                      for m in ("ar", "sd")}, q_spec=str(ts.params["layers"]["q"]["kernel"].sharding.spec))
+    return dict(same={m: tokens_of(ts, ds, prompts, m, 0.0, adaptive=False)
+                      == tokens_of(target, draft, prompts, m, 0.0, adaptive=False) for m in ("ar", "sd")}, q_spec=str(ts.params["layers"]["q"]["kernel"].sharding.spec))
 
 
 def check_moe() -> dict:
@@ -181,13 +183,14 @@ def check_moe() -> dict:
     target = ssd_jax.Model(config=config, params=init_params(config, jax.random.PRNGKey(0), scale=0.3))
     draft = noisy_copy(target, 0.05, 1)
     prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8]]
-    reference = {m: tokens_of(target, draft, prompts, m, 0.0) for m in ("ar", "sd")}
+    reference = {m: tokens_of(target, draft, prompts, m, 0.0, adaptive=False) for m in ("ar", "sd")}
     found = {}
     for name, rules in (("default_rules", None), ("expert_parallel", {"experts": "model", "mlp": None})):
         mesh = mesh_of("1x4")
         ts, ds = ssd_jax.shard(target, mesh, rules=rules), ssd_jax.shard(draft, mesh, rules=rules)
         experts = ts.params["layers"]["experts"]["gate"]["kernel"]
-        found[name] = dict(same={m: tokens_of(ts, ds, prompts, m, 0.0) == reference[m] for m in reference},
+        found[name] = dict(same={m: tokens_of(ts, ds, prompts, m, 0.0, adaptive=False) == reference[m]
+                                 for m in reference},
                            expert_spec=str(experts.sharding.spec),
                            expert_shard_shape=list(experts.addressable_shards[0].data.shape),
                            expert_shape=list(experts.shape))
