@@ -148,8 +148,9 @@ def _bad_inputs(work: str, llama: str) -> dict:
 
 
 def _stored_bfloat16(work: str, model) -> dict:
-    """A checkpoint stored in bfloat16 (which safetensors' numpy reader behind hf_to_params rejects),
-    read as float32 and as bfloat16; reference: hf_to_params over the torch tensors widened to float32."""
+    """A checkpoint stored in bfloat16 (older safetensors' numpy reader rejected it; the unsharded
+    path is tested in tests/test_convert.py), read as float32 and as bfloat16; reference:
+    hf_to_params over the torch tensors widened to float32."""
     import torch
 
     directory = os.path.join(work, "llama3_stored_bf16")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -64,6 +65,29 @@ def test_bfloat16_export_loads_in_transformers(hf_family, tmp_path):
     tokens = np.arange(1, 9)[None]
     ref = _torch_logits(torch_model, tokens)
     assert np.abs(_torch_logits(reloaded, tokens) - ref).max() / np.abs(ref).max() < 5e-2
+
+
+def test_a_checkpoint_stored_in_bfloat16_loads_unsharded(hf_family, tmp_path):
+    """Hugging Face checkpoints are mostly stored in bfloat16: read without a mesh, as float32
+    (exactly the stored values widened) and as bfloat16 (the stored values), each gives the greedy
+    tokens of transformers on the same bfloat16 weights widened to float32."""
+    _, torch_model = hf_family("llama3")
+    stored = AutoModelForCausalLM.from_config(torch_model.config).eval()
+    stored.load_state_dict(torch_model.state_dict())
+    stored.to(torch.bfloat16).save_pretrained(tmp_path)
+    widened = stored.float()
+    prompt = [[3, 7, 1, 9]]
+    with torch.no_grad():
+        expected = widened.generate(torch.tensor(prompt), max_new_tokens=8, do_sample=False, min_new_tokens=8,
+                                    pad_token_id=0)[0, 4:].tolist()
+    for dtype in ("float32", "bfloat16"):
+        model = ssd_jax.load(str(tmp_path), dtype=dtype)
+        embed = np.asarray(model.params["embed"], np.float32)
+        np.testing.assert_array_equal(embed, widened.model.embed_tokens.weight.detach().numpy())
+        if dtype == "float32":
+            config = dataclasses.replace(model.config, eos_token_ids=())
+            tokens = ssd_jax.generate(dataclasses.replace(model, config=config), prompt, max_new_tokens=8).tokens
+            assert tokens == [expected]
 
 
 def test_tokenizer_and_config_files_travel(hf_family, tmp_path):
