@@ -5,8 +5,8 @@ each with 2 fake CPU devices, sharing a 1x4 (data, model) mesh; run by tests/tes
   python tests/multiprocess_mesh.py reference        # the same runs, one process, unsharded
 
 Builds the random Llama of tests/mesh_checks.py (and its noisy copy as the draft) in every
-process, shards both over the global mesh, runs AR and SD greedily and SD at T=1, and prints one
-JSON line with this process's view of the outputs (which must be the whole batch)."""
+process, shards both over the global mesh, runs AR and SD ("auto") greedily and SD (L=4) at T=1,
+and prints one JSON line with this process's view of the outputs (which must be the whole batch)."""
 
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ def main(process_id: int | None, port: int | None) -> dict:
         ts, ds = ssd_jax.shard(target, mesh), ssd_jax.shard(draft, mesh)
     prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
     outputs = {}
-    for name, method, temperature in (("ar", "ar", 0.0), ("sd", "sd", 0.0), ("sd_t1", "sd", 1.0)):
-        out = ssd_jax.generate(ts, prompts, method=method, draft=ds if method == "sd" else None, max_new_tokens=16,
-                               temperature=temperature, key=jax.random.PRNGKey(3))
+    # SD's adaptive loop (its default) greedily; at T=1 a fixed length: sampling across processes
+    # needs no second adaptive program, whose per-cap steps three processes would each compile.
+    for name, method, temperature in (("ar", ssd_jax.AR(), 0.0), ("sd", ssd_jax.SD(), 0.0),
+                                      ("sd_t1", ssd_jax.SD(draft_len=4), 1.0)):
+        out = ssd_jax.generate(ts, prompts, method=method, draft=None if isinstance(method, ssd_jax.AR) else ds,
+                               max_new_tokens=16, temperature=temperature, key=jax.random.PRNGKey(3))
         outputs[name] = out.tokens
     others = None
     if process_id is not None:  # a mesh of the other process's devices only

@@ -202,9 +202,8 @@ class CascadeParts:
         largest drafter reviews last, so a draft has its law (at T=0 with lenience 1 its greedy
         continuation), and scoring it on the tokens plain steps drew tells the loop what
         speculating would have had accepted (`ssd_jax.engine.shadow`). Not with a lenient review
-        (T=0's default), which lets near-argmax tokens through that the target rejects: on base64
-        noise at batch 8 the score said speculation paid on 39% of the steps, which then ran at
-        0.90x AR (0.92x with probes); nor without a model."""
+        (T=0's default), which lets near-argmax tokens into the drafts that the target rejects, so
+        scoring the drafter's own argmax would overstate their acceptance; nor without a model."""
         return len(self.dparams) > 0 and self.lenience == 1.0
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
