@@ -7,9 +7,9 @@ import os
 from typing import Iterator, Mapping
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from checkpoints_convert.safetensors_slices import SafetensorsFile
 from ssd_jax.errors import CheckpointError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -17,25 +17,26 @@ SINGLE_NAME = "model.safetensors"
 
 
 class LazyTensors(Mapping[str, np.ndarray]):
-    """Name -> numpy array over one or several safetensors files; arrays are read on access."""
+    """Name -> numpy array over one or several safetensors files; arrays are read on access, in
+    their stored dtype (bfloat16 and float8 as ml_dtypes' types), by our own reader
+    (`SafetensorsFile`, as the sharded reader): safetensors' numpy reader (0.4.5 at least) finds
+    bfloat16 by numpy's dtype name, which exists only once something imported ml_dtypes (without
+    it: "TypeError: data type 'bfloat16' not understood")."""
 
     def __init__(self, files_by_name: dict[str, str]):
         self._files_by_name = files_by_name
-        self._handles: dict[str, object] = {}
+        self._files: dict[str, SafetensorsFile] = {}
 
-    def _handle(self, path: str):
-        if path not in self._handles:
-            try:
-                self._handles[path] = safe_open(path, framework="np")
-            except (SafetensorError, OSError) as err:
-                raise CheckpointError(f"corrupt or unreadable safetensors file {path}: {err}") from None
-        return self._handles[path]
+    def _file(self, path: str) -> SafetensorsFile:
+        if path not in self._files:
+            self._files[path] = SafetensorsFile(path)
+        return self._files[path]
 
     def __getitem__(self, name: str) -> np.ndarray:
         path = self._files_by_name[name]
         try:
-            return self._handle(path).get_tensor(name)
-        except (SafetensorError, OSError) as err:
+            return self._file(path).read(name)
+        except OSError as err:
             raise CheckpointError(f"cannot read tensor {name!r} from {path}: {err}") from None
 
     def __iter__(self) -> Iterator[str]:
@@ -44,13 +45,22 @@ class LazyTensors(Mapping[str, np.ndarray]):
     def __len__(self) -> int:
         return len(self._files_by_name)
 
+    def close(self) -> None:
+        for file in self._files.values():
+            file.close()
+        self._files.clear()
+
+    def __del__(self):
+        self.close()
+
 
 def _names_in(path: str) -> list[str]:
+    """The tensor names in one file's header (CheckpointError if it is corrupt or unreadable)."""
+    file = SafetensorsFile(path)
     try:
-        with safe_open(path, framework="np") as f:
-            return list(f.keys())
-    except (SafetensorError, OSError) as err:
-        raise CheckpointError(f"corrupt or unreadable safetensors file {path}: {err}") from None
+        return list(file.tensors)
+    finally:
+        file.close()
 
 
 def read_hf_tensors(directory: str) -> LazyTensors:

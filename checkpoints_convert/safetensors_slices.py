@@ -102,6 +102,13 @@ class SafetensorsFile:
                 raise self._corrupt(f"truncated at byte {offset + done}")
             done += count
 
+    def read(self, name: str) -> np.ndarray:
+        """The whole tensor, in its stored dtype (bfloat16 and float8 as ml_dtypes' types)."""
+        info = self.tensors[name]
+        out = np.empty(info.shape, info.dtype)
+        self._pread_into(out, info.offset)
+        return out
+
     def read_into(self, name: str, index: Sequence[tuple[int, int]], out: np.ndarray, transpose: bool = False) -> None:
         """Copies tensor[index] into `out` (its transpose, all axes reversed, when `transpose`), casting
         to out.dtype.
