@@ -557,6 +557,17 @@ def test_measured_cap_costs_steer_the_cap(models):
     assert drafted[0] > 6 and drafted[1] <= 4
 
 
+def test_measured_cap_prices_are_fitted_nondecreasing():
+    """A longer cap priced below a shorter one is pooled with it (their mean, least squares);
+    unmeasured caps stay 0 and prices already in order are kept as measured."""
+    fitted = adaptive.nondecreasing([2.0, 2.66, 0.0, 2.52, 0.0, 0.0, 0.0, 2.56])
+    np.testing.assert_allclose(fitted, [2.0, 2.58, 0, 2.58, 0, 0, 0, 2.58], rtol=1e-6)
+    np.testing.assert_allclose(adaptive.nondecreasing([3.0, 1.0, 2.0, 5.0]), [2.0, 2.0, 2.0, 5.0], rtol=1e-6)
+    in_order = [1.2, 1.25, 0.0, 1.35, 0.0, 0.0, 0.0, 40.0]
+    np.testing.assert_array_equal(adaptive.nondecreasing(in_order), np.float32(in_order))
+    np.testing.assert_array_equal(adaptive.nondecreasing(np.zeros(4)), np.zeros(4))
+
+
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""
