@@ -1,0 +1,67 @@
+"""The benchmarks' shared harness (`benchmarks/spec_harness.py`), which every speed table in the
+README comes from: paired speedups, interleaved rounds, per-configuration totals."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import spec_harness  # noqa: E402
+from benchmarks.common import write_json  # noqa: E402
+from spec_models import pair  # noqa: E402
+
+
+def test_paired_speedup_is_the_median_of_same_round_ratios():
+    """Round ratios 2, 1 and 4: the median 2, not the ratio of totals (7/3) or of best-of times (1)."""
+    base, other = dict(round_wall_s=[2.0, 1.0, 4.0]), dict(round_wall_s=[1.0, 1.0, 1.0])
+    assert spec_harness.paired_speedup(base, other) == 2.0
+    assert spec_harness.paired_speedup(other, base) == 0.5
+
+
+def test_labels_batches_and_generate_arguments():
+    assert spec_harness.label("gbv", {"num_draft_tokens": 8, "num_paths": 4}) == "gbv-L8-K4"
+    assert spec_harness.label("csd", {"k_matrix": [[0, 2], [0, 1]]}) == "csd-km0x2x0x1"
+    assert spec_harness.batches([[1], [2], [3]], 2) == [[[1], [2]], [[3]]]
+    pld = spec_harness.generate_kwargs("pld", {"num_draft_tokens": 4}, "a draft", 8, 0.0)
+    assert "draft" not in pld and pld["method"].draft_len == 4 and pld["max_new_tokens"] == 8
+    sd = spec_harness.generate_kwargs("sd", {"num_draft_tokens": 3}, "a draft", 8, 1.0)
+    assert sd["draft"] == "a draft" and sd["method"].draft_len == 3 and sd["temperature"] == 1.0
+    csd = spec_harness.generate_kwargs("csd", {"drafts": ["big", "small"]}, "a draft", 8, 0.0)
+    assert csd["draft"] == ("big", "small")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    target, draft = pair(vocab=64, seed=0, noise=0.3)
+    prompts = [[3, 4, 5], [6, 7], [8, 9, 10, 11]]
+    return spec_harness.run_configs(target, prompts, [("ar", {}), ("sd", {"num_draft_tokens": 2})], 0.0, 8,
+                                    batch_size=2, draft=draft, repeats=3)
+
+
+def test_run_configs_keeps_every_round_and_each_calls_fastest_run(rows):
+    for row in rows:
+        assert len(row["round_wall_s"]) == 3 and min(row["round_wall_s"]) > 0
+        # the sum over calls of each call's fastest run is at most any one round's sum
+        assert 0 < row["wall_time_s"] <= min(row["round_wall_s"]) * (1 + 1e-9)
+        assert row["tokens_per_second"] == pytest.approx(row["tokens"] / row["wall_time_s"])
+        assert row["batch_size"] == 2 and row["timing_repeats"] == 3
+
+
+def test_run_configs_counts_tokens_per_round_and_the_drafts_acceptance(rows):
+    ar, sd = rows
+    assert 0 < ar["tokens"] == sd["tokens"] <= 3 * 8   # greedy SD emits AR's tokens
+    assert "acceptance_rate" not in ar
+    assert 0.0 <= sd["acceptance_rate"] <= 1.0 and sd["mean_acceptance_length"] >= 1.0
+    assert len(sd["acceptance_per_position"]) == 2
+    assert sd["target_calls"] <= ar["target_calls"]
+
+
+def test_results_are_written_whole(tmp_path):
+    path = write_json(str(tmp_path / "sub" / "result.json"), {"speedup": 1.5})
+    assert json.loads(open(path).read()) == {"speedup": 1.5}
+    assert os.listdir(tmp_path / "sub") == ["result.json"]   # no temporary file left behind
