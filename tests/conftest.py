@@ -107,25 +107,7 @@ SLOW = {
 }
 
 
-# Started first (pytest-xdist hands tests out in collection order): each is a subprocess of one to
-# five minutes on a 2-core CPU, and started last they ended the run alone while the other worker
-# idled. The tests on test_mesh.py's `default_checks` (one ~4-minute subprocess) also stay on one
-# worker (`xdist_group` with `--dist loadgroup`, pyproject.toml): spread over two, each worker ran
-# the fixture (seen with `--dist worksteal`: +100 s).
-FIRST = ("test_mesh.py", "test_notebook.py", "test_default_models.py::test_main_job_streams_text_and_compares",
-         "test_adaptive.py::test_a_random_draft_falls_back_to_plain_decoding")
-
-
-def _starts_first(item) -> bool:
-    path = item.nodeid.split("tests/", 1)[-1]
-    return any(path == name or path.startswith(name + "::") for name in FIRST)
-
-
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: not _starts_first(item))   # stable: the rest keep their order
-    for item in items:
-        if "default_checks" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("mesh_default_checks"))
     for item in items:
         function_id = item.nodeid.split("tests/", 1)[-1].split("[", 1)[0]
         if function_id not in SLOW:
