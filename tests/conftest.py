@@ -10,13 +10,16 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 
 # The suite compiles hundreds of small programs that then run for milliseconds, so LLVM's
-# optimizations cost more than they save (about a fifth of the suite's time). XLA reads the flags
-# when jax starts its backend, i.e. after this; subprocesses inherit them (subprocess_env.py).
-# Exactness tests compare programs built with the same flags. SSD_JAX_TEST_XLA_DEFAULTS=1 keeps
-# XLA's default optimization level.
+# optimizations cost more than they save (about a fifth of the suite's time), and XLA:CPU's MLIR
+# fusion emitters compile slower than its older elemental ones (a quarter of the backend compile
+# time of the decode loops' tests: 83 s against 60 s on three of their modules). XLA reads the
+# flags when jax starts its backend, i.e. after this; subprocesses inherit them
+# (subprocess_env.py). Exactness tests compare programs built with the same flags.
+# SSD_JAX_TEST_XLA_DEFAULTS=1 keeps XLA's defaults.
 if os.environ.get("SSD_JAX_TEST_XLA_DEFAULTS") != "1":
     os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0",
-                                        "--xla_llvm_disable_expensive_passes=true"]).strip()
+                                        "--xla_llvm_disable_expensive_passes=true",
+                                        "--xla_cpu_use_fusion_emitters=false"]).strip()
 
 # "auto" decides from fixed relative costs, not timings (`ssd_jax.engine.adaptive.timings_allowed`):
 # exactness never depends on the costs, and measuring them for every new program would add
