@@ -568,6 +568,12 @@ def test_measured_cap_prices_are_fitted_nondecreasing():
     np.testing.assert_array_equal(adaptive.nondecreasing(np.zeros(4)), np.zeros(4))
 
 
+def test_calibration_rounds_are_pooled_by_a_trimmed_mean():
+    """One round's outlier (the machine slowed during it) is dropped, not averaged in."""
+    assert adaptive.trimmed_mean([2.0, 2.2, 9.0, 2.1, 0.1]) == pytest.approx(2.1)
+    assert adaptive.trimmed_mean([3.0, 1.0]) == pytest.approx(2.0)
+
+
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""

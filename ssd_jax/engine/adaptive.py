@@ -406,7 +406,7 @@ def default_plan(method, target, draft, sampling, batch: int, context: int) -> t
 
 _CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
-_CALIBRATION_ROUNDS = 5
+_CALIBRATION_ROUNDS = 7
 # Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
 # probe per phase, where the loop probes); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
@@ -435,13 +435,16 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
 
         return run
 
-    runs = dict(setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens),
-                plain=runner(FORCE_PLAIN, tokens))
+    plain = runner(FORCE_PLAIN, tokens)
+    # A plain run opens and closes each round: the AR step is every price's denominator, and its
+    # noise moved all of a round's prices together (see `calibrated_inputs`).
+    runs = dict(plain=plain, setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens))
     if takes_cap:
         runs["one"] = runner(force_cap(1), tokens)
     middle = tuple(c for c in table_caps if 1 < c < draft_len)
     for cap in middle:
         runs[f"cap{cap}"] = runner(force_cap(cap), tokens)
+    runs["plain_end"] = plain
     counts = {}
     for name, run in runs.items():   # warm, and the step counts (the same every round)
         counters = jax.device_get(run()[1].counters["spec"])
@@ -466,16 +469,23 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
 
         t_spec = per_step("spec")
         p_steps, p_plain, _ = counts["plain"]
-        t_ar = max(seconds["plain"] - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
+        t_ar = float(np.mean([max(seconds[name] - setup - (p_steps - p_plain) * t_spec, 1e-9) / max(p_plain, 1)
+                              for name in ("plain", "plain_end")]))
         # Unmeasured slope: a draft forward (and, for a capped loop, a verified token) per token.
         c_draft = (costs.draft + (costs.target_per_token if takes_cap else 0.0)) * t_ar / costs.target(1)
         if measured_cap:
             c_draft = max(t_spec - per_step("one"), 0.0) / forwards
         table = [per_step(timed[cap]) / t_ar if cap in timed else 0.0 for cap in range(1, draft_len + 1)]
         rounds.append((t_ar, t_spec / t_ar, c_draft / t_ar, *table))
-    t_ar, spec_ratio, draft_ratio, *table = (float(np.median(column)) for column in zip(*rounds))
+    t_ar, spec_ratio, draft_ratio, *table = (trimmed_mean(column) for column in zip(*rounds))
     return (t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar,
             *(ratio * t_ar for ratio in table))
+
+
+def trimmed_mean(values) -> float:
+    """The mean of values without their smallest and largest (all of them when fewer than 3)."""
+    ordered = np.sort(np.asarray(values, np.float64))
+    return float(np.mean(ordered[1:-1] if len(ordered) > 2 else ordered))
 
 
 def nondecreasing(seconds) -> np.ndarray:
@@ -520,10 +530,14 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     measured instead of linearly: on CPU a step's cost grows faster than linearly with its cap (SD
     at batch 1, code, T=0: 1.27, 1.52 and 2.30 AR steps at caps 2, 4 and 8, where the line through
     caps 1 and 8 gave 1.32, 1.67, 2.37, pricing cap 8 within 1% of cap 4's speed where it ran 7%
-    slower). The runs are interleaved in _CALIBRATION_ROUNDS rounds and each cost is the median over
-    rounds of its ratio to the same round's AR step (times the median AR step): this machine's speed
-    drifts by tens of percent within seconds, which separate best-of timings took for differences
-    between the programs. Kept per program (program_key) for the process, and on disk per program
+    slower). The runs are interleaved in _CALIBRATION_ROUNDS rounds, each opened and closed by a plain
+    run (the round's AR step is their mean), and each cost is the trimmed mean over rounds of its
+    ratio to the same round's AR step (times the trimmed mean AR step): this machine's speed drifts
+    by tens of percent within seconds, which separate best-of timings took for differences between
+    the programs. Against 5 rounds with one plain run and medians, six calibrations of one program
+    each (AMD EPYC, 2 cores) priced the caps with a spread of 3.5% instead of 5.8% (CSD, batch 1,
+    short prompts, T=1) and 3.3% instead of 7.5% (SD, batch 8, code, T=0; coefficients of
+    variation, mean over the timed caps). Kept per program (program_key) for the process, and on disk per program
     and machine (`ssd_jax.engine.calibration_store`), so a new process finds it; the prior
     acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`,
     unmeasured."""
