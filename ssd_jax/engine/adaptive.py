@@ -435,16 +435,15 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
 
         return run
 
-    plain = runner(FORCE_PLAIN, tokens)
+    plain_run = runner(FORCE_PLAIN, tokens)
     # A plain run opens and closes each round: the AR step is every price's denominator, and its
     # noise moved all of a round's prices together (see `calibrated_inputs`).
-    runs = dict(plain=plain, setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens))
+    runs = dict(plain=plain_run, setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens))
     if takes_cap:
         runs["one"] = runner(force_cap(1), tokens)
     middle = tuple(c for c in table_caps if 1 < c < draft_len)
     for cap in middle:
         runs[f"cap{cap}"] = runner(force_cap(cap), tokens)
-    runs["plain_end"] = plain
     counts = {}
     for name, run in runs.items():   # warm, and the step counts (the same every round)
         counters = jax.device_get(run()[1].counters["spec"])
@@ -454,6 +453,7 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
         # last row stops: at batch 8 that is near the cap while the mean row drafts far fewer).
         forwards = float(counters.draft_forwards) / max(steps - plain, 1)
         counts[name] = (steps, plain, forwards)
+    runs["plain_end"] = plain_run   # timed each round, after the others; warmed and counted as "plain"
     forwards = counts["spec"][2]
     measured_cap = takes_cap and forwards >= 0.5
     # The caps whose step is timed whole: the longest (spec), 1 (one) and the middle ones.
@@ -537,9 +537,9 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     the programs. Against 5 rounds with one plain run and medians, six calibrations of one program
     each (AMD EPYC, 2 cores) priced the caps with a spread of 3.5% instead of 5.8% (CSD, batch 1,
     short prompts, T=1) and 3.3% instead of 7.5% (SD, batch 8, code, T=0; coefficients of
-    variation, mean over the timed caps). Kept per program (program_key) for the process, and on disk per program
-    and machine (`ssd_jax.engine.calibration_store`), so a new process finds it; the prior
-    acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`,
+    variation, mean over the timed caps). Kept per program (program_key) for the process, and on
+    disk per program and machine (`ssd_jax.engine.calibration_store`), so a new process finds it;
+    the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`,
     unmeasured."""
     if not timings_allowed():
         return np.asarray(planned, np.float32)
