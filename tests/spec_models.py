@@ -25,9 +25,10 @@ def noisy_copy(model: ssd_jax.Model, noise: float, seed: int) -> ssd_jax.Model:
     return model.with_params(jax.tree.unflatten(treedef, noisy))
 
 
-def pair(vocab: int = 64, seed: int = 0, noise: float = 0.5):
-    """(target, draft): a 2-layer target and a noisy copy of it as the draft."""
-    target = llama(vocab, 64, 2, seed)
+def pair(vocab: int = 64, seed: int = 0, noise: float = 0.5, layers: int = 2):
+    """(target, draft): a target of `layers` layers (2: the stacked caches' per-layer indexing is
+    exercised) and a noisy copy of it as the draft."""
+    target = llama(vocab, 64, layers, seed)
     return target, noisy_copy(target, noise, seed + 1)
 
 

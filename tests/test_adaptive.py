@@ -130,7 +130,10 @@ def test_law_check_has_power_against_a_stop_that_peeks(x64, tables):
 
 @pytest.fixture(scope="module")
 def models():
-    return pair(vocab=64, seed=0, noise=0.3)
+    # One layer: these tests are about the loop's decisions and their exactness, and its programs
+    # compile about a third faster than with two (SD "auto": 9.9 s against 14.5 s); the layered
+    # caches are exercised by the other modules' 2-layer pairs and the embedded 6-layer target.
+    return pair(vocab=64, seed=0, noise=0.3, layers=1)
 
 
 @pytest.mark.parametrize("method", [
