@@ -41,3 +41,27 @@ def test_generate_reports_bad_input_cleanly(hf_family):
     assert result.returncode == 2 and "tokenizer.json" in result.stderr
     result = _cli("generate", "--target", directory, "--prompt-ids", "3")
     assert result.returncode == 2 and "need a draft model" in result.stderr
+
+
+def test_compare_reports_the_median_of_paired_rounds():
+    """--compare's speedup is the median of the rounds' own ratios, not a ratio of single runs:
+    a round where the machine slowed both runs reads the same ratio as the others."""
+    from types import SimpleNamespace
+
+    from ssd_jax.cli.generate_cmd import COMPARE_ROUNDS, compare_with_ar
+
+    # tokens/s by call: the warm runs first, then (method, AR) per round; round 2 ran at half speed
+    method_speeds = iter([1.0, 300.0, 150.0, 330.0, 310.0, 320.0])
+    ar_speeds = iter([1.0, 250.0, 125.0, 300.0, 250.0, 250.0])
+    calls = []
+
+    def run(speeds, name):
+        def go():
+            calls.append(name)
+            return SimpleNamespace(stats=dict(tokens_per_second=next(speeds)))
+        return go
+
+    out, baseline, speedup = compare_with_ar(run(method_speeds, "method"), run(ar_speeds, "ar"))
+    assert COMPARE_ROUNDS == 5 and calls == ["method", "ar"] * 6
+    assert speedup == 1.2   # ratios 1.2, 1.2, 1.1, 1.24, 1.28
+    assert out.stats["tokens_per_second"] == 310.0 and baseline.stats["tokens_per_second"] == 250.0
