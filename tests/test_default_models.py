@@ -152,7 +152,7 @@ def test_main_job_json_output_has_the_named_fields():
 
 def test_main_job_streams_text_and_compares():
     """The README's main job (its default method, --compare), with fewer tokens; the prompt and
-    length of the --json test below, so one of the two finds the other's SD program in the
+    length of the --json test above, so one of the two finds the other's SD program in the
     suite's compilation cache."""
     result = _cli("generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare")
     assert result.returncode == 0, result.stderr

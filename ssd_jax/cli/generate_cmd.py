@@ -268,11 +268,12 @@ def compare_with_ar(run_method, run_ar):
     the median over rounds of the round's tokens/s ratio: a shared machine's speed drifts between
     calls, and a pair run in the same round sees the same drift (on a 2-core VM, single calls of
     the README's main job read 0.95-1.25x). The median runs are by tokens/s, their stats whole."""
+    def speed(out):
+        return out.stats["tokens_per_second"]
+
     run_method(), run_ar()
     rounds = [(run_method(), run_ar()) for _ in range(COMPARE_ROUNDS)]
-    speed = [(spec.stats["tokens_per_second"], ar.stats["tokens_per_second"]) for spec, ar in rounds]
-    ratios = sorted(s / a for s, a in speed)
     middle = COMPARE_ROUNDS // 2
-    by_method = sorted(range(COMPARE_ROUNDS), key=lambda i: speed[i][0])
-    by_ar = sorted(range(COMPARE_ROUNDS), key=lambda i: speed[i][1])
-    return rounds[by_method[middle]][0], rounds[by_ar[middle]][1], ratios[middle]
+    ratio = sorted(speed(spec) / speed(ar) for spec, ar in rounds)[middle]
+    return (sorted((spec for spec, _ in rounds), key=speed)[middle],
+            sorted((ar for _, ar in rounds), key=speed)[middle], ratio)
