@@ -36,7 +36,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssd_jax  # noqa: E402
-from benchmarks.common import format_table, machine_info, write_json  # noqa: E402
+from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
 from ssd_jax.engine import adaptive, ssd_auto  # noqa: E402
@@ -123,8 +123,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="timed rounds per call; the x AR columns are medians over rounds of paired ratios")
     parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
-    parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"), help=OUT_HELP)
     args = parser.parse_args()
+    args.out = output_stem(args.out)
 
     target, draft = ssd_jax.default_models(draft=args.draft_model)
     default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)

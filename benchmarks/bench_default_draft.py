@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
-from benchmarks.common import format_table, machine_info, write_json  # noqa: E402
+from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import run_configs  # noqa: E402
 from ssd_jax.engine import adaptive  # noqa: E402
 
@@ -53,8 +53,9 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--out", default=os.path.join(RESULTS, "default_draft"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "default_draft"), help=OUT_HELP)
     args = parser.parse_args()
+    args.out = output_stem(args.out)
 
     target = ssd_jax.default_models()[0]
     drafts = {name: ssd_jax.defaults.shipped_draft(name) for name in ("draft", "draft_small")}

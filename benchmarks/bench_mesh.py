@@ -31,6 +31,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+from benchmarks.common import OUT_HELP, output_stem  # noqa: E402  (no jax: the device count is set later)
+
 FAKE_DEVICES = 8
 LABEL = "fake CPU devices: correctness and memory, not accelerator speed"
 DEFAULT_SHAPES = "1x1,1x2,2x2,1x4,2x4,1x8"
@@ -198,9 +202,10 @@ def main() -> None:
     parser.add_argument("--size", choices=("small", "medium"), default="medium")
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "mesh_cpu"))
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "mesh_cpu"), help=OUT_HELP)
     parser.add_argument("--worker", nargs=3, metavar=("SHAPE", "TARGET_DIR", "DRAFT_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.out = output_stem(args.out)
     if args.worker:
         shape, tdir, ddir = args.worker
         print(json.dumps(worker(shape, tdir, ddir, args.new_tokens, args.repeats)))
@@ -214,7 +219,6 @@ def main() -> None:
         if int(parts[0]) * int(parts[1]) > FAKE_DEVICES:
             parser.error(f"--shapes: {shape!r} needs {int(parts[0]) * int(parts[1])} devices; there are {FAKE_DEVICES}")
     os.environ.update(_with_fake_devices(os.environ))
-    sys.path.insert(0, REPO)
     from benchmarks.common import format_table, machine_busy, machine_info, cpu_busy_fraction, write_json
 
     info = machine_info()

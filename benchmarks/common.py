@@ -145,6 +145,16 @@ def weight_stream_roofline(num_params: int, width: int = 768, repeats: int = 10)
     return out
 
 
+OUT_HELP = "path stem of the results: STEM.json and STEM.png (a trailing .json or .png is dropped)"
+
+
+def output_stem(path: str) -> str:
+    """The stem a benchmark writes STEM.json and STEM.png at: path without a trailing .json or
+    .png, so `--out results/x.json` writes results/x.json, not results/x.json.json."""
+    root, ext = os.path.splitext(path)
+    return root if ext.lower() in (".json", ".png") else path
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     """(seconds, result) of one call of fn."""
     start = time.perf_counter()

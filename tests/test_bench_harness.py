@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import spec_harness  # noqa: E402
-from benchmarks.common import write_json  # noqa: E402
+from benchmarks.common import output_stem, write_json  # noqa: E402
 from spec_models import pair  # noqa: E402
 
 
@@ -21,6 +21,14 @@ def test_paired_speedup_is_the_median_of_same_round_ratios():
     base, other = dict(round_wall_s=[2.0, 1.0, 4.0]), dict(round_wall_s=[1.0, 1.0, 1.0])
     assert spec_harness.paired_speedup(base, other) == 2.0
     assert spec_harness.paired_speedup(other, base) == 0.5
+
+
+def test_out_is_a_stem_even_when_given_with_its_extension():
+    # `--out results/x.json` once wrote results/x.json.json and results/x.json.png.
+    assert output_stem("results/x.json") == "results/x"
+    assert output_stem("results/x.PNG") == "results/x"
+    assert output_stem("results/x") == "results/x"
+    assert output_stem("results/x.v2") == "results/x.v2"
 
 
 def test_labels_batches_and_generate_arguments():
