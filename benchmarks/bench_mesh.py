@@ -33,7 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from benchmarks.common import OUT_HELP, output_stem  # noqa: E402  (no jax: the device count is set later)
+# benchmarks.common imports jax only inside machine_info, after main sets the device count.
+from benchmarks.common import (OUT_HELP, cpu_busy_fraction, format_table, machine_busy, machine_info,  # noqa: E402
+                               output_stem, write_json)
 
 FAKE_DEVICES = 8
 LABEL = "fake CPU devices: correctness and memory, not accelerator speed"
@@ -219,7 +221,6 @@ def main() -> None:
         if int(parts[0]) * int(parts[1]) > FAKE_DEVICES:
             parser.error(f"--shapes: {shape!r} needs {int(parts[0]) * int(parts[1])} devices; there are {FAKE_DEVICES}")
     os.environ.update(_with_fake_devices(os.environ))
-    from benchmarks.common import format_table, machine_busy, machine_info, cpu_busy_fraction, write_json
 
     info = machine_info()
     rows = []

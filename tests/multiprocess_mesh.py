@@ -41,7 +41,9 @@ def main(process_id: int | None, port: int | None) -> dict:
     # needs no second adaptive program, whose per-cap steps three processes would each compile.
     # The reference leaves greedy SD out: its tokens are AR's, which the test compares them with.
     runs = [("ar", ssd_jax.AR(), 0.0), ("sd", ssd_jax.SD(), 0.0), ("sd_t1", ssd_jax.SD(draft_len=4), 1.0)]
-    for name, method, temperature in runs if process_id is not None else runs[::2]:
+    if process_id is None:
+        runs = [run for run in runs if run[0] != "sd"]
+    for name, method, temperature in runs:
         out = ssd_jax.generate(ts, prompts, method=method, draft=None if isinstance(method, ssd_jax.AR) else ds,
                                max_new_tokens=16, temperature=temperature, key=jax.random.PRNGKey(3))
         outputs[name] = out.tokens
