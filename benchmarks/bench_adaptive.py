@@ -87,6 +87,23 @@ def configs(method: str, lengths: list[int], thresholds: list[float | None],
     return out
 
 
+def batch_sizes(text: str, prompts: int) -> list[int]:
+    """--batch's sizes. Each must divide --prompts, so that every timed call holds exactly that
+    many rows (4 prompts at --batch 8 would time one call of 4 rows labelled batch 8); raises
+    ValueError naming the size and the prompt count otherwise."""
+    sizes = []
+    for part in text.split(","):
+        try:
+            size = int(part)
+        except ValueError:
+            raise ValueError(f"--batch takes comma-separated integers, got {text!r}") from None
+        if size < 1 or prompts % size:
+            raise ValueError(f"--batch {size} must be >= 1 and divide --prompts {prompts}, so that every call "
+                             f"holds {size} rows; give --prompts a multiple of every batch size")
+        sizes.append(size)
+    return sizes
+
+
 def plot(results: list[dict], path: str) -> None:
     import matplotlib
 
@@ -126,6 +143,10 @@ def main() -> None:
     parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"), help=OUT_HELP)
     args = parser.parse_args()
     args.out = output_stem(args.out)
+    try:
+        sizes = batch_sizes(args.batch, args.prompts)
+    except ValueError as err:
+        parser.error(str(err))
 
     target, draft = ssd_jax.default_models(draft=args.draft_model)
     default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)
@@ -136,7 +157,7 @@ def main() -> None:
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)
         for temperature in (float(t) for t in args.temperatures.split(",")):
-            for batch_size in (int(b) for b in args.batch.split(",")):
+            for batch_size in sizes:
                 adaptive.ACCEPTANCE.clear()
                 ssd_auto.forget()  # and SSD's remembered "slower than plain" verdicts
                 cases = configs(args.method, lengths, thresholds, tree_sizes)

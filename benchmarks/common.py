@@ -106,6 +106,7 @@ def machine_info() -> dict[str, Any]:
         "jax": jax.__version__,
         "jax_backend": jax.default_backend(),
         "jax_devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "torch": _version("torch"),
         "transformers": _version("transformers"),

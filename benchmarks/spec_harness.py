@@ -33,11 +33,11 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
-def _totals(outs: list, walls: list[float], rounds: list[float], batch_size: int, compile_s: float, repeats: int,
-            extra) -> dict:
+def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: list[float], batch_size: int,
+            compile_s: float, repeats: int, extra) -> dict:
     """Sums one configuration's per-call stats (outs: every call of every round; counts are per
     round, the mean over rounds) and fastest wall times (walls); rounds: its wall time in each
-    round (summed over calls)."""
+    round (summed over calls); round_tokens: the tokens it generated in each round."""
     tokens = sum(o.stats["num_generated_tokens"] for o in outs) / repeats
     wall = sum(walls)
     row_calls = sum(o.stats["num_generated_tokens"] / o.stats.get("block_efficiency", 1.0) for o in outs) / repeats
@@ -45,7 +45,7 @@ def _totals(outs: list, walls: list[float], rounds: list[float], batch_size: int
                   target_calls=sum(o.stats["target_calls"] for o in outs) / repeats,
                   block_efficiency=tokens / row_calls,
                   compile_time_s=compile_s, batch_size=batch_size, timing_repeats=repeats,
-                  round_wall_s=[float(x) for x in rounds])
+                  round_wall_s=[float(x) for x in rounds], round_tokens=[float(x) for x in round_tokens])
     drafts = sum(o.stats.get("num_drafts", 0) for o in outs)
     if drafts:
         # A call that decoded plainly from the start (SSD "auto" after its verdict) drafted nothing
@@ -107,7 +107,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     tokens_per_second, target_calls (summed over calls, mean over rounds; a batched call counts
     its loop steps once), block_efficiency (generated
     tokens / target calls per row), compile_time_s, round_wall_s (the wall time of each round,
-    summed over calls), and for speculative methods acceptance_rate, mean_acceptance_length,
+    summed over calls), round_tokens (the tokens generated in each round), and for speculative methods acceptance_rate, mean_acceptance_length,
     acceptance_per_position; stats keys named in `extra` are summed.
     The draft is passed to every method but "ar" and the retrieval methods.
     """
@@ -118,6 +118,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     outs = [[] for _ in configs]
     walls = [[] for _ in configs]
     rounds = np.zeros((len(configs), repeats))
+    round_tokens = np.zeros((len(configs), repeats))
     for i, group in enumerate(groups):
         best = [float("inf")] * len(configs)
         for r in range(repeats):
@@ -126,10 +127,11 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
                 out = ssd_jax.generate(target, group, key=key, **kwargs[c])
                 best[c] = min(best[c], out.stats["wall_time_s"])
                 rounds[c, r] += out.stats["wall_time_s"]
+                round_tokens[c, r] += out.stats["num_generated_tokens"]
                 outs[c].append(out)
         for c in range(len(configs)):
             walls[c].append(best[c])
-    return [_totals(outs[c], walls[c], rounds[c], batch_size, compile_s[c], repeats, extra)
+    return [_totals(outs[c], walls[c], rounds[c], round_tokens[c], batch_size, compile_s[c], repeats, extra)
             for c in range(len(configs))]
 
 
@@ -137,8 +139,14 @@ def paired_speedup(base: dict, other: dict) -> float:
     """How many times faster `other` ran than `base` (two rows of one `run_configs` call): the
     median over rounds of the ratio of their wall times in the same round. Unlike the ratio of
     best-of times, a drift of the machine's speed between rounds (tens of percent within a
-    minute on a shared VM) cancels, since both sides of each ratio ran within seconds."""
-    return float(np.median(np.asarray(base["round_wall_s"]) / np.asarray(other["round_wall_s"])))
+    minute on a shared VM) cancels, since both sides of each ratio ran within seconds. Rows with
+    round_tokens compare seconds per generated token."""
+    base_s, other_s = np.asarray(base["round_wall_s"]), np.asarray(other["round_wall_s"])
+    if "round_tokens" in base and "round_tokens" in other:
+        # Seconds per generated token: at T > 0 each configuration samples its own continuation,
+        # and one that stops early at an EOS would otherwise look faster.
+        base_s, other_s = base_s / np.asarray(base["round_tokens"]), other_s / np.asarray(other["round_tokens"])
+    return float(np.median(base_s / other_s))
 
 
 def run_config(target, prompts, method: str, options: dict, temperature: float, new_tokens: int, *,

@@ -309,10 +309,13 @@ def tiny_models():
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), CHEAP, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), DRAFT_THEN_PLAIN, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.0, 0.1, 0.9, 0.0], np.float32), 2),
+    (ssd_jax.SpecInfer(draft_len="auto", paths=1), adaptive.force_cap(2), 4),
+    (ssd_jax.SpecTr(draft_len="auto", paths=1), adaptive.force_cap(1), 4),
+    (ssd_jax.GBV(draft_len="auto", paths=1), adaptive.force_cap(2), 4),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
         "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain",
-        "csd-chosen-caps"])
+        "csd-chosen-caps", "specinfer-one-path-capped", "spectr-one-path-capped", "gbv-one-path-capped"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
     """T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
@@ -321,7 +324,9 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps, with steps run
     after every row is done. Retrieval, SD and CSD never probe (they learn while decoding plainly;
     SD's and CSD's plain steps record the target's probability of each token for the draft's
-    scoring): their "then plain" costs pay at first, then not. BV and GBV at T=1 still probe."""
+    scoring): their "then plain" costs pay at first, then not. BV and GBV at T=1 still probe.
+    "one-path-capped": the multi-path methods with the one path "auto" chooses on CPU, each step
+    capped below the planned length (their tree walk once verified the unproposed tail too)."""
     while_loop = isinstance(costs, str) and costs == "while_loop"
     then_plain = costs is CHEAP or costs is DRAFT_THEN_PLAIN
     if isinstance(costs, str) and costs == "blocks_of_2":
@@ -400,13 +405,14 @@ def test_a_draft_scored_on_the_plain_tokens_brings_speculation_back(models, meth
 def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
     """On the embedded target, with measured costs (on the tiny test pair a speculative step can
     cost about one plain step, and speculating at one token then rightly never loses, so the rule
-    may keep it)."""
+    may keep it). A static maximum of 2 compiles and calibrates caps 1 and 2 only: a draft whose
+    tokens are never accepted loses at every cap."""
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     target, _ = ssd_jax.default_models()
     stranger = llama(target.config.vocab_size, 64, 2, seed=42, eos=())
     prompt = target.tokenizer.encode("def parse(line):\n    ").ids
     ar = ssd_jax.generate(target, [prompt], max_new_tokens=96)
-    out = ssd_jax.generate(target, [prompt], max_new_tokens=96, method=ssd_jax.SD(draft_len="auto"),
+    out = ssd_jax.generate(target, [prompt], max_new_tokens=96, method=ssd_jax.SD(draft_len="auto", max_draft_len=2),
                            draft=stranger)
     assert out.tokens == ar.tokens
     assert out.stats["ar_fallback_share"] > 0.5

@@ -21,6 +21,11 @@ def test_paired_speedup_is_the_median_of_same_round_ratios():
     base, other = dict(round_wall_s=[2.0, 1.0, 4.0]), dict(round_wall_s=[1.0, 1.0, 1.0])
     assert spec_harness.paired_speedup(base, other) == 2.0
     assert spec_harness.paired_speedup(other, base) == 0.5
+    # With each round's token counts, seconds per token: a configuration that stopped at an EOS
+    # after half the tokens in the same time is half as fast, not as fast.
+    full = dict(round_wall_s=[1.0, 1.0, 1.0], round_tokens=[100, 100, 100])
+    early = dict(round_wall_s=[1.0, 1.0, 1.0], round_tokens=[50, 100, 50])
+    assert spec_harness.paired_speedup(full, early) == 0.5
 
 
 def test_out_is_a_stem_even_when_given_with_its_extension():
@@ -29,6 +34,21 @@ def test_out_is_a_stem_even_when_given_with_its_extension():
     assert output_stem("results/x.PNG") == "results/x"
     assert output_stem("results/x") == "results/x"
     assert output_stem("results/x.v2") == "results/x.v2"
+
+
+def test_adaptive_benchmark_batch_sizes_divide_the_prompts():
+    """4 prompts at --batch 8 once timed calls of 4 rows labelled batch 8: refused, named."""
+    from benchmarks.bench_adaptive import batch_sizes
+
+    assert batch_sizes("1,8", 8) == [1, 8] and batch_sizes("2", 4) == [2]
+    with pytest.raises(ValueError, match="--batch 8 must be >= 1 and divide --prompts 4, so that every call holds 8 rows"):
+        batch_sizes("1,8", 4)
+    with pytest.raises(ValueError, match="--batch 3 .* divide --prompts 8"):
+        batch_sizes("3", 8)
+    with pytest.raises(ValueError, match="--batch 0 must be >= 1"):
+        batch_sizes("0", 8)
+    with pytest.raises(ValueError, match="comma-separated integers, got '1,x'"):
+        batch_sizes("1,x", 8)
 
 
 def test_labels_batches_and_generate_arguments():
@@ -54,6 +74,7 @@ def rows():
 def test_run_configs_keeps_every_round_and_each_calls_fastest_run(rows):
     for row in rows:
         assert len(row["round_wall_s"]) == 3 and min(row["round_wall_s"]) > 0
+        assert row["round_tokens"] == [row["tokens"]] * 3   # greedy: the same tokens every round
         # the sum over calls of each call's fastest run is at most any one round's sum
         assert 0 < row["wall_time_s"] <= min(row["round_wall_s"]) * (1 + 1e-9)
         assert row["tokens_per_second"] == pytest.approx(row["tokens"] / row["wall_time_s"])

@@ -180,6 +180,7 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     again; a probe that finds SSD faster ends it. Tokens are the AR tokens every time."""
     target, draft = models
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 3)
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 3)   # the backoff: test_probes_back_off
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
     got: list[list[int]] = [[] for _ in prompts]
@@ -207,6 +208,37 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     assert second[0] is None and second[1] > 1
 
 
+def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
+    """Calls between probes: PROBE_EVERY after a first "slower" verdict, doubled by every probe
+    that finds SSD BACKOFF_RATIO slower again (up to PROBE_EVERY_MAX), back to PROBE_EVERY after a
+    probe near the break-even or one where SSD paid."""
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 8)
+    key = ("program",)
+
+    def calls_until_probe() -> int:
+        n = 1
+        while ssd_auto.starts_plain(key):
+            n += 1
+        return n
+
+    much_slower = ssd_auto.BACKOFF_RATIO + 0.01
+    assert not ssd_auto.starts_plain(key)        # nothing known: run SSD
+    ssd_auto.remember(key, slower=True, cost_ratio=much_slower)
+    gaps = []
+    for _ in range(5):
+        gaps.append(calls_until_probe())
+        ssd_auto.remember(key, slower=True, cost_ratio=much_slower)   # the probe: clearly slower again
+    assert gaps == [2, 4, 8, 8, 8]
+    calls_until_probe()
+    ssd_auto.remember(key, slower=True, cost_ratio=1.05)   # slower, but near the break-even
+    assert calls_until_probe() == 2
+    ssd_auto.remember(key, slower=False, cost_ratio=0.8)    # a probe found SSD faster: it runs every call
+    assert not ssd_auto.starts_plain(key) and not ssd_auto.starts_plain(key)
+    ssd_auto.remember(key, slower=True, cost_ratio=much_slower)
+    assert calls_until_probe() == 2
+
+
 def test_auto_switch_rule():
     switch = ssd_auto.PlainSwitch(plain_step_s=1.0)
     for _ in range(ssd_auto.WARMUP_STEPS):       # a call's first steps, with no prefetch yet, are not judged
@@ -217,13 +249,14 @@ def test_auto_switch_rule():
         switch.record(seconds=5.0, tokens_per_row=1.0)
     assert not switch.slower_than_plain()        # too few steps to judge
     switch.record(seconds=5.0, tokens_per_row=1.0)
-    assert switch.slower_than_plain()
+    assert switch.slower_than_plain() and switch.cost_ratio() == pytest.approx(5.0)
     fast = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    assert fast.cost_ratio() == 1.0              # nothing judged yet
     for _ in range(ssd_auto.WARMUP_STEPS):
         fast.record(seconds=50.0, tokens_per_row=1.0)
     for _ in range(10):
         fast.record(seconds=2.0, tokens_per_row=3.0)
-    assert not fast.slower_than_plain()
+    assert not fast.slower_than_plain() and fast.cost_ratio() == pytest.approx(2.0 / 3.0)
 
 
 # ---------------------------------------------------------------------------------- fan-out

@@ -44,6 +44,15 @@ SPECULATIVE_METHODS: dict[str, tuple[Callable, bool]] = {
 }
 
 
+# A multi-path method with one path is its single-path counterpart: SpecInfer's recursive
+# rejection and SpecTr's k-sequential rule with one candidate are token-level speculative
+# sampling, and GBV with one path is block verification (`verify.gbv`). The tree walk verifies
+# every drafted token; verified as a single path, a step whose draft was capped below the planned
+# length (one path under "auto") masks the unproposed tail (`lengths=`), where the walk had
+# verified padding (SpecInfer "auto" at T=1 then ended most calls with EOS within 6 tokens).
+SINGLE_PATH_FORM = {"specinfer": "sd", "spectr": "sd", "gbv": "bv"}
+
+
 def verifier_for(method: str, sampling: SamplingParams) -> Callable:
     multi = SPECULATIVE_METHODS[method][1]
     if sampling.greedy:
@@ -79,8 +88,14 @@ class SpeculativeParts:
     pending_width: int = 0
 
     @property
+    def verify_method(self) -> str:
+        """The method whose verifier this step runs: the method, or with one path its
+        single-path form (`SINGLE_PATH_FORM`)."""
+        return SINGLE_PATH_FORM.get(self.method, self.method) if self.num_paths == 1 else self.method
+
+    @property
     def multi_path(self) -> bool:
-        return SPECULATIVE_METHODS[self.method][1]
+        return SPECULATIVE_METHODS[self.verify_method][1]
 
     @property
     def room(self) -> int:
@@ -172,7 +187,7 @@ class SpeculativeParts:
             logits, tcache = forward_cached(self.tparams, self.tcfg, tree.tokens, position[:, None] + tree.depth,
                                             tcache, tree_mask=tree.mask)
             p = gather_path_rows(probabilities(logits, self.sampling), tree)
-            result = _per_row(verifier_for(self.method, self.sampling), verify_keys, paths, q, p)
+            result = _per_row(verifier_for(self.verify_method, self.sampling), verify_keys, paths, q, p)
             keep = jnp.where(active, result.num_accepted + 1, 0)
             tcache = compact_path(tcache, path_nodes(tree, result.path_index), keep)
         else:
@@ -235,7 +250,7 @@ class SpeculativeParts:
         block = jnp.concatenate([cur[:, None], paths], axis=1)
         block_positions = tcache.lengths[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
         logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
-        result = _per_row(verifier_for(self.method, self.sampling), verify_keys, paths, q,
+        result = _per_row(verifier_for(self.verify_method, self.sampling), verify_keys, paths, q,
                           probabilities(logits, self.sampling), lengths)
         return result, commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
 

@@ -314,7 +314,8 @@ class _Decode:
             self.next_speculation(cache, accepted, next_token)
         judged = self.switched_at is not None or (self.switch is not None and self.switch.steps >= ssd_auto.MIN_STEPS)
         if self.verdict_key is not None and judged:
-            ssd_auto.remember(self.verdict_key, slower=self.switched_at is not None)
+            ssd_auto.remember(self.verdict_key, slower=self.switched_at is not None,
+                              cost_ratio=self.switch.cost_ratio() if self.switch is not None else 1.0)
 
 
 def generate_ssd(

@@ -12,10 +12,15 @@ the loop finishes the call with `ssd_steps.target_plain`: jitted chunks of PLAIN
 steps when streaming (streamed chunk by chunk), else one program for the rest of the call.
 The verdict is remembered per (pair, method, sampling, shapes): once a call measured SSD slower,
 `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no draft work
-at all), all but every PROBE_EVERY-th, which runs SSD again and renews the verdict (the
-machine's load, the prompts or the pair's acceptance may have changed). The plain step's time
-is measured on that very program, once per program key and process: one chunk run on copies of
-the state after prefill (three runs, the first compiling; the best).
+at all), but for a probe, which runs SSD again and renews the verdict (the machine's load, the
+prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th call;
+each probe that finds SSD at least BACKOFF_RATIO times slower per token again doubles the
+interval, up to PROBE_EVERY_MAX calls. A probe runs SSD's unjudged and judged steps at SSD's
+speed, so it costs in proportion to how much slower SSD is: with a probe every 8th call, "auto"
+read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired rounds of 4 calls), while near
+the break-even probes cost little and a verdict that chance made "slower" is soon renewed.
+The plain step's time is measured on that very program, once per program key and process: one
+chunk run on copies of the state after prefill (three runs, the first compiling; the best).
 The switch uses only timings and past steps, never a step's target probabilities, so the output
 law stays the target's.
 """
@@ -39,8 +44,11 @@ WARMUP_STEPS = 2
 MIN_STEPS = 6
 DECAY = 0.85
 PROBE_EVERY = 8
+PROBE_EVERY_MAX = 64
+BACKOFF_RATIO = 1.15
 _PLAIN_STEP_S = Recent()
-_VERDICTS = Recent()   # program key -> (SSD slower, calls started plain since the last SSD call)
+# program key -> (SSD slower, calls started plain since the last SSD call, calls between probes)
+_VERDICTS = Recent()
 _LOCK = threading.Lock()
 
 
@@ -68,6 +76,11 @@ class PlainSwitch:
     def slower_than_plain(self) -> bool:
         return self.steps >= MIN_STEPS and self.seconds > self.plain_step_s * self.tokens
 
+    def cost_ratio(self) -> float:
+        """SSD's decayed seconds per token over plain decoding's (> 1: SSD is slower); 1.0 before
+        any judged step."""
+        return self.seconds / (self.plain_step_s * self.tokens) if self.tokens > 0 else 1.0
+
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
@@ -92,19 +105,24 @@ def plain_step_seconds(key, run_chunk, state) -> float:
 
 def starts_plain(key) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the last call that ran
-    SSD measured it slower, and this is not a probe (every PROBE_EVERY-th call runs SSD)."""
+    SSD measured it slower, and this call is not a probe (see the module's docstring)."""
     with _LOCK:
         verdict = _VERDICTS.lookup(key)
-        if verdict is None or not verdict[0] or verdict[1] + 1 >= PROBE_EVERY:
+        if verdict is None or not verdict[0] or verdict[1] + 1 >= verdict[2]:
             return False
-        _VERDICTS.store(key, (True, verdict[1] + 1))
+        _VERDICTS.store(key, (True, verdict[1] + 1, verdict[2]))
         return True
 
 
-def remember(key, slower: bool) -> None:
-    """The verdict of a call that ran SSD long enough to judge (see `starts_plain`)."""
+def remember(key, slower: bool, cost_ratio: float = 1.0) -> None:
+    """The verdict of a call that ran SSD long enough to judge (see `starts_plain`); cost_ratio:
+    its `PlainSwitch.cost_ratio`. A probe that finds SSD slower again by at least BACKOFF_RATIO
+    doubles the calls between probes; any other verdict sets them to PROBE_EVERY."""
     with _LOCK:
-        _VERDICTS.store(key, (bool(slower), 0))
+        before = _VERDICTS.lookup(key)
+        back_off = slower and cost_ratio >= BACKOFF_RATIO and before is not None and before[0]
+        interval = min(2 * before[2], PROBE_EVERY_MAX) if back_off else PROBE_EVERY
+        _VERDICTS.store(key, (bool(slower), 0, interval))
 
 
 def forget() -> None:

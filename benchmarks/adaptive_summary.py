@@ -1,0 +1,245 @@
+"""The current figures of adaptive speculation ("auto") in one table and one plot.
+
+Reads the results files of `bench_adaptive.py` (`benchmarks/results/adaptive*.json`) and keeps,
+for every method, backend, batch size, temperature and prompt set, the newest measurement (by the
+files' `machine.date_utc`). Each row of the table is one method, backend, batch size and
+temperature over its prompt sets: "auto"'s speedup over AR and its ratio to the best fixed
+setting of each set (the lowest and highest over the sets), and the issue's goals checked per set:
+auto >= 1.0x AR (>= 0.95x on the badguess set) and auto >= 0.95 of the best fixed setting.
+
+Writes STEM.md (the README's table), STEM.json and STEM.png (a grid of every set's two ratios,
+goal misses in red).
+
+    python benchmarks/adaptive_summary.py [--results benchmarks/results] [--out benchmarks/results/adaptive_summary]
+        [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import OUT_HELP, RESULTS_DIR, output_stem, write_json  # noqa: E402
+
+GOAL_VS_AR = 1.0
+GOAL_VS_AR_BADGUESS = 0.95
+GOAL_VS_BEST = 0.95
+SET_ORDER = ("code", "repeat", "short", "badguess")
+METHOD_ORDER = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd", "ssd")
+
+
+class SummaryError(ValueError):
+    """A results file that cannot be summarized (not bench_adaptive's format)."""
+
+
+def machine_label(machine: dict[str, Any]) -> str:
+    """A short name for the machine a file was measured on: the accelerator's kind, else the CPU
+    model and its core count."""
+    if machine.get("jax_backend") in ("gpu", "tpu"):
+        return machine.get("device_kind") or machine["jax_backend"].upper()
+    model = machine.get("cpu_model") or "CPU"
+    short = "AMD EPYC" if "EPYC" in model else "Intel Xeon" if "Xeon" in model else model
+    return f"{machine.get('cores', '?')}-core {short}"
+
+
+def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
+    """[(method, backend, batch, temperature, set), cell] of one results file: auto's paired
+    ratios, the best fixed setting and where and when it was measured. A file without "results"
+    (a step profile) gives none; a malformed one raises SummaryError naming it."""
+    with open(path) as f:
+        data = json.load(f)
+    if "results" not in data:
+        return []
+    out = []
+    try:
+        machine = data["machine"]
+        for case in data["results"]:
+            if not case.get("auto_vs_ar") or not case.get("auto_vs_best_fixed"):
+                continue  # a run without "auto" or without a fixed setting
+            auto = next(c for c in case["configs"] if "auto" in c["label"])
+            key = (data["method"], machine["jax_backend"], case["batch_size"], case["temperature"], case["set"])
+            out.append((key, dict(vs_ar=case["auto_vs_ar"][0], vs_best=case["auto_vs_best_fixed"][0],
+                                  best_fixed=case["best_fixed"].split(" ", 1)[-1], stamp=machine["date_utc"],
+                                  machine=machine_label(machine), rounds=data["repeats"],
+                                  paired="auto_vs_ar_best_of" in case, per_token="round_tokens" in auto,
+                                  file=os.path.basename(path),
+                                  mean_draft_len=auto.get("mean_draft_len"),
+                                  ar_share=auto.get("ar_fallback_share"))))
+    except (KeyError, IndexError, StopIteration, TypeError, AttributeError) as err:
+        raise SummaryError(f"{path}: not a bench_adaptive.py results file ({type(err).__name__}: {err})") from err
+    return out
+
+
+def result_paths(folder: str) -> list[str]:
+    """bench_adaptive.py's results files in folder (this script's own outputs left out)."""
+    return sorted(p for p in glob.glob(os.path.join(folder, "adaptive*.json"))
+                  if not os.path.basename(p).startswith("adaptive_summary"))
+
+
+def newest_cells(paths: list[str]) -> dict[tuple, dict[str, Any]]:
+    """Every cell of the files, the newest measurement of each (method, backend, batch,
+    temperature, set) winning."""
+    cells: dict[tuple, dict[str, Any]] = {}
+    for path in paths:
+        for key, cell in file_cells(path):
+            if key not in cells or cells[key]["stamp"] < cell["stamp"]:
+                cells[key] = cell
+    return cells
+
+
+def meets_vs_ar(set_name: str, cell: dict[str, Any]) -> bool:
+    """auto >= 1.0x AR (0.95x on the badguess set), at the table's precision (two decimals)."""
+    return round(cell["vs_ar"], 2) >= (GOAL_VS_AR_BADGUESS if set_name == "badguess" else GOAL_VS_AR)
+
+
+def meets_vs_best(cell: dict[str, Any]) -> bool:
+    """auto >= 0.95 of the best fixed setting, at the table's precision."""
+    return round(cell["vs_best"], 2) >= GOAL_VS_BEST
+
+
+def goal_misses(set_name: str, cell: dict[str, Any]) -> list[str]:
+    """The issue's goals this cell misses, as short phrases ("0.99x AR", "0.94 of L=2")."""
+    misses = []
+    if not meets_vs_ar(set_name, cell):
+        misses.append(f"{cell['vs_ar']:.2f}x AR")
+    if not meets_vs_best(cell):
+        misses.append(f"{cell['vs_best']:.2f} of {cell['best_fixed']}")
+    return misses
+
+
+def _order(key: tuple) -> tuple:
+    method, backend, batch, temperature = key[:4]
+    rank = METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+    return (backend != "cpu", backend, rank, method, batch, temperature)
+
+
+def summary_rows(cells: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per method, backend, batch size and temperature: its sets' cells, the range of
+    each ratio, the goal misses, and where (machine, date, rounds, files) it was measured."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for key, cell in cells.items():
+        groups.setdefault(key[:4], {})[key[4]] = cell
+    rows = []
+    for group in sorted(groups, key=_order):
+        sets = dict(sorted(groups[group].items(), key=lambda kv: (SET_ORDER + (kv[0],)).index(kv[0])))
+        method, backend, batch, temperature = group
+        cells_here = list(sets.values())
+        rows.append(dict(method=method, backend=backend, batch=batch, temperature=temperature, sets=sets,
+                         vs_ar=(min(c["vs_ar"] for c in cells_here), max(c["vs_ar"] for c in cells_here)),
+                         vs_best=(min(c["vs_best"] for c in cells_here), max(c["vs_best"] for c in cells_here)),
+                         misses={name: goal_misses(name, c) for name, c in sets.items()
+                                 if not (meets_vs_ar(name, c) and meets_vs_best(c))},
+                         machines=sorted({c["machine"] for c in cells_here}),
+                         dates=sorted({c["stamp"][:10] for c in cells_here}),
+                         timing=sorted({_timing(c) for c in cells_here}),
+                         files=sorted({c["file"] for c in cells_here})))
+    return rows
+
+
+def _timing(cell: dict[str, Any]) -> str:
+    """How a cell's ratios were taken: paired over rounds (of seconds per token where the run kept
+    each round's tokens, else of wall times), or best-of times (older runs)."""
+    if not cell["paired"]:
+        return f"best of {cell['rounds']}"
+    return f"paired{' per token' if cell['per_token'] else ''}, {cell['rounds']} rounds"
+
+
+def _span(low: float, high: float, unit: str = "") -> str:
+    return f"{low:.2f}{unit}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}{unit}"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The README's table: one line per row of summary_rows."""
+    lines = ["| method | machine | batch | T | sets | auto x AR | auto / best fixed | goals missed | measured |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        misses = "; ".join(f"{name}: {', '.join(m)}" for name, m in row["misses"].items()) or "none"
+        lines.append(f"| {row['method']} | {', '.join(row['machines'])} | {row['batch']} | {row['temperature']:g} "
+                     f"| {len(row['sets'])} | {_span(*row['vs_ar'], 'x')} | {_span(*row['vs_best'])} | {misses} "
+                     f"| {', '.join(row['dates'])}, {'; '.join(row['timing'])} |")
+    return "\n".join(lines) + "\n"
+
+
+README_START = "<!-- adaptive-summary:start -->"
+README_END = "<!-- adaptive-summary:end -->"
+
+
+def update_readme(path: str, table: str) -> None:
+    """Replaces the table between README_START and README_END in the file at path (written whole
+    or not at all)."""
+    with open(path) as f:
+        text = f.read()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise SummaryError(f"{path}: no {README_START} ... {README_END} block to put the table in")
+    text = text[:start + len(README_START)] + "\n" + table + text[end:]
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def plot(rows: list[dict[str, Any]], path: str) -> None:
+    """Two grids, rows x prompt sets: auto x AR and auto / best fixed, each cell annotated, the
+    cells that miss a goal in red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = [s for s in SET_ORDER if any(s in r["sets"] for r in rows)]
+    labels = [f"{r['method']} {r['backend']} B={r['batch']} T={r['temperature']:g}" for r in rows]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 0.32 * len(rows) + 1.6), sharey=True)
+    for ax, field, title in ((axes[0], "vs_ar", "auto x AR"), (axes[1], "vs_best", "auto / best fixed")):
+        for i, row in enumerate(rows):
+            for j, name in enumerate(sets):
+                cell = row["sets"].get(name)
+                if cell is None:
+                    continue
+                missed = not (meets_vs_ar(name, cell) if field == "vs_ar" else meets_vs_best(cell))
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="#f4a6a6" if missed else "#cfe3f3"))
+                ax.text(j, i, f"{cell[field]:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xlim(-0.5, len(sets) - 0.5)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.set_xticks(range(len(sets)))
+        ax.set_xticklabels(sets, fontsize=8)
+        ax.set_title(title, fontsize=9)
+    axes[0].set_yticks(range(len(rows)))
+    axes[0].set_yticklabels(labels, fontsize=7)
+    fig.suptitle("Adaptive speculation, embedded pair: newest measurement per cell (red: misses a goal)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=RESULTS_DIR, help="folder of bench_adaptive.py's adaptive*.json")
+    parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "adaptive_summary"), help=OUT_HELP)
+    parser.add_argument("--readme", default=None, help="also put the table in this README (between its markers)")
+    args = parser.parse_args()
+    stem = output_stem(args.out)
+    paths = result_paths(args.results)
+    if not paths:
+        raise SystemExit(f"no adaptive*.json results in {args.results!r}")
+    rows = summary_rows(newest_cells(paths))
+    table = markdown(rows)
+    with open(stem + ".md.tmp", "w") as f:
+        f.write(table)
+    os.replace(stem + ".md.tmp", stem + ".md")
+    write_json(stem + ".json", rows)
+    plot(rows, stem + ".png")
+    if args.readme:
+        update_readme(args.readme, table)
+    print(table)
+    print(f"wrote {stem}.md, {stem}.json and {stem}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""benchmarks/adaptive_summary.py: the README's table of "auto" is the summary of the committed
+results, the newest measurement of a cell wins, and the issue's goals are checked per set."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from benchmarks import adaptive_summary as summary
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _case(set_name: str, vs_ar: float, vs_best: float, best: str = "sd L=2", temperature: float = 0.0) -> dict:
+    return dict(set=set_name, temperature=temperature, batch_size=1, prompts=4, best_fixed=best,
+                configs=[dict(label="ar"), dict(label=best), dict(label="sd auto", mean_draft_len=2.0,
+                                                                  ar_fallback_share=0.1)],
+                auto_vs_ar=[vs_ar], auto_vs_best_fixed=[vs_best], auto_vs_ar_best_of=[vs_ar],
+                auto_vs_best_fixed_best_of=[vs_best])
+
+
+def _write(path, date: str, cases: list[dict], cpu: str = "AMD EPYC 7B13") -> str:
+    machine = dict(cpu_model=cpu, cores=2, jax_backend="cpu", date_utc=f"{date}T10:00:00+00:00")
+    path.write_text(json.dumps(dict(machine=machine, method="sd", repeats=15, results=cases)))
+    return str(path)
+
+
+def test_readme_table_is_the_summary_of_the_committed_results():
+    paths = summary.result_paths(os.path.join(REPO, "benchmarks", "results"))
+    table = summary.markdown(summary.summary_rows(summary.newest_cells(paths)))
+    readme = open(os.path.join(REPO, "README.md")).read()
+    assert table in readme, "README's adaptive table is stale: run python benchmarks/adaptive_summary.py --readme README.md"
+
+
+def test_the_newest_measurement_of_a_cell_wins(tmp_path):
+    old = _write(tmp_path / "adaptive_a.json", "2026-11-24", [_case("code", 0.90, 0.80), _case("short", 1.2, 1.0)])
+    new = _write(tmp_path / "adaptive_b.json", "2026-11-26", [_case("code", 1.30, 0.99)])
+    for paths in ([old, new], [new, old]):
+        cells = summary.newest_cells(paths)
+        assert cells[("sd", "cpu", 1, 0.0, "code")]["vs_ar"] == 1.30
+        assert cells[("sd", "cpu", 1, 0.0, "short")]["vs_ar"] == 1.2   # only the old file has it
+    (row,) = summary.summary_rows(summary.newest_cells([old, new]))
+    assert row["vs_ar"] == (1.2, 1.3) and row["misses"] == {} and row["machines"] == ["2-core AMD EPYC"]
+
+
+@pytest.mark.parametrize("set_name, vs_ar, vs_best, missed", [
+    ("code", 1.00, 0.95, []),                       # both goals met exactly (at the shown precision)
+    ("code", 0.99, 1.10, ["0.99x AR"]),
+    ("badguess", 0.96, 1.00, []),                   # the badguess set's floor is 0.95x AR
+    ("badguess", 0.94, 0.90, ["0.94x AR", "0.90 of L=2"]),
+    ("short", 1.40, 0.944, ["0.94 of L=2"]),
+])
+def test_goal_misses(set_name, vs_ar, vs_best, missed):
+    cell = dict(vs_ar=vs_ar, vs_best=vs_best, best_fixed="L=2")
+    assert summary.goal_misses(set_name, cell) == missed
+
+
+def test_markdown_names_every_miss_and_the_measurement(tmp_path):
+    path = _write(tmp_path / "adaptive_x.json", "2026-11-26",
+                  [_case("code", 0.97, 0.89), _case("badguess", 0.96, 1.02)], cpu="Intel(R) Xeon(R) Processor")
+    text = summary.markdown(summary.summary_rows(summary.newest_cells([path])))
+    assert "| sd | 2-core Intel Xeon | 1 | 0 | 2 | 0.96-0.97x | 0.89-1.02 | code: 0.97x AR, 0.89 of L=2 |" in text
+    assert "2026-11-26, paired, 15 rounds" in text
+
+
+def test_a_file_of_another_format_is_named_in_the_error(tmp_path):
+    bad = tmp_path / "adaptive_bad.json"
+    bad.write_text(json.dumps(dict(machine=dict(jax_backend="cpu"), method="sd", repeats=3,
+                                   results=[dict(set="code", auto_vs_ar=[1.0], auto_vs_best_fixed=[1.0])])))
+    with pytest.raises(summary.SummaryError, match="adaptive_bad.json"):
+        summary.newest_cells([str(bad)])
+    profile = tmp_path / "adaptive_profile.json"       # no "results": not a table, skipped
+    profile.write_text(json.dumps(dict(device="cuda:0", rows=[])))
+    assert summary.newest_cells([str(profile)]) == {}
