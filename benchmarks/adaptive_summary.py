@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import OUT_HELP, RESULTS_DIR, output_stem, write_json  # noqa: E402
+from benchmarks.common import OUT_HELP, RESULTS_DIR, output_stem, write_json, write_text  # noqa: E402
 
 GOAL_VS_AR = 1.0
 GOAL_VS_AR_BADGUESS = 0.95
@@ -178,10 +178,7 @@ def update_readme(path: str, table: str) -> None:
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
         raise SummaryError(f"{path}: no {README_START} ... {README_END} block to put the table in")
-    text = text[:start + len(README_START)] + "\n" + table + text[end:]
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
+    write_text(path, text[:start + len(README_START)] + "\n" + table + text[end:])
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
@@ -230,9 +227,7 @@ def main() -> None:
         raise SystemExit(f"no adaptive*.json results in {args.results!r}")
     rows = summary_rows(newest_cells(paths))
     table = markdown(rows)
-    with open(stem + ".md.tmp", "w") as f:
-        f.write(table)
-    os.replace(stem + ".md.tmp", stem + ".md")
+    write_text(stem + ".md", table)
     write_json(stem + ".json", rows)
     plot(rows, stem + ".png")
     if args.readme:

@@ -172,15 +172,19 @@ def summarize(seconds: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def write_json(path: str, data: Any) -> str:
-    """Writes data as indented JSON (creating the directory); returns the path."""
+def write_text(path: str, text: str) -> str:
+    """Writes text to path whole or not at all (creating the directory); returns the path."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)  # never leave a half-written result behind
     return path
+
+
+def write_json(path: str, data: Any) -> str:
+    """Writes data as indented JSON (creating the directory); returns the path."""
+    return write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

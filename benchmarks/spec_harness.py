@@ -107,8 +107,9 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     tokens_per_second, target_calls (summed over calls, mean over rounds; a batched call counts
     its loop steps once), block_efficiency (generated
     tokens / target calls per row), compile_time_s, round_wall_s (the wall time of each round,
-    summed over calls), round_tokens (the tokens generated in each round), and for speculative methods acceptance_rate, mean_acceptance_length,
-    acceptance_per_position; stats keys named in `extra` are summed.
+    summed over calls), round_tokens (the tokens generated in each round), and for speculative
+    methods acceptance_rate, mean_acceptance_length, acceptance_per_position; stats keys named
+    in `extra` are summed.
     The draft is passed to every method but "ar" and the retrieval methods.
     """
     kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature) for method, options in configs]
@@ -137,7 +138,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
 
 def paired_speedup(base: dict, other: dict) -> float:
     """How many times faster `other` ran than `base` (two rows of one `run_configs` call): the
-    median over rounds of the ratio of their wall times in the same round. Unlike the ratio of
+    median over rounds of the ratio of their times in the same round. Unlike the ratio of
     best-of times, a drift of the machine's speed between rounds (tens of percent within a
     minute on a shared VM) cancels, since both sides of each ratio ran within seconds. Rows with
     round_tokens compare seconds per generated token."""
