@@ -526,6 +526,28 @@ def test_cap_choice_sticks_where_caps_are_dispatched():
     assert int(cap_index(tied, current, sticky=False)) == 2
 
 
+
+def test_stale_next_cap_gets_a_probe():
+    """Where caps are dispatched at batch > 1, a cap whose next candidate's first new position
+    has decayed below PROBE_BELOW steps of evidence (over the running rows) runs at that
+    candidate instead; fresh evidence, the longest cap, or only finished rows holding the
+    evidence leave it where it is."""
+    from ssd_jax.engine.adaptive_loop import PROBE_BELOW, probe_up
+
+    candidate = np.asarray([True, True, False, True, False, False, False, True])
+    running = np.ones(4, bool)
+    stale = np.full((4, 8), 0.5 * PROBE_BELOW, np.float32)
+    fresh = np.full((4, 8), 2.0 * PROBE_BELOW, np.float32)
+    assert int(probe_up(np.int32(0), candidate, stale, running)) == 1
+    assert int(probe_up(np.int32(1), candidate, stale, running)) == 3   # cap 3 is not compiled: index 3 is cap 4
+    assert int(probe_up(np.int32(7), candidate, stale, running)) == 7
+    assert int(probe_up(np.int32(1), candidate, fresh, running)) == 1
+    # Only the running rows' evidence counts: a finished row's fresh sums do not hide a stale cap.
+    mixed = stale.copy()
+    mixed[0] = 100.0
+    assert int(probe_up(np.int32(0), candidate, mixed, np.asarray([False, True, True, True]))) == 1
+    assert int(probe_up(np.int32(0), candidate, mixed, running)) == 0
+
 def test_unmeasured_positions_get_an_optimistic_acceptance():
     """The cap choice's optimism (EXPLORE standard errors) lifts a position's acceptance the less
     it was measured, and not at all where the evidence is overwhelming; a position measured low
