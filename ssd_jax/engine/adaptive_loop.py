@@ -120,6 +120,9 @@ SWITCH_MARGIN = 0.05
 # Where caps are dispatched per run of steps at batch > 1 (no EXPLORE there), a run at the next cap
 # up whenever the batch's long-memory evidence at the first position the current cap never reaches
 # has decayed below this many steps' worth (`probe_up`): DECIDE_EVERY steps every ~50 at cap c + 1.
+# BV at batch 8 on CPU then left cap 1 (0.88-1.04 of the best fixed length, six sets below 0.95
+# before, two after); over SD's and BV's cells, 0.975 of the best at T=0 against 0.938 before,
+# 0.963 at T=1 against 0.969 (benchmarks/adaptive_notes.md).
 PROBE_BELOW = 1.0
 # Where the loop checks every step (`adaptive_steps_per_check` 1) and dispatches its caps per run
 # of steps, the speculative steps between its choices of cap and fall back: the choice is ~60
