@@ -526,7 +526,6 @@ def test_cap_choice_sticks_where_caps_are_dispatched():
     assert int(cap_index(tied, current, sticky=False)) == 2
 
 
-
 def test_stale_next_cap_gets_a_probe():
     """Where caps are dispatched at batch > 1, a cap whose next candidate's first new position
     has decayed below PROBE_BELOW steps of evidence (over the running rows) runs at that
@@ -547,6 +546,7 @@ def test_stale_next_cap_gets_a_probe():
     mixed[0] = 100.0
     assert int(probe_up(np.int32(0), candidate, mixed, np.asarray([False, True, True, True]))) == 1
     assert int(probe_up(np.int32(0), candidate, mixed, running)) == 0
+
 
 def test_unmeasured_positions_get_an_optimistic_acceptance():
     """The cap choice's optimism (EXPLORE standard errors) lifts a position's acceptance the less

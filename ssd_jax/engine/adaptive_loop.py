@@ -120,9 +120,9 @@ SWITCH_MARGIN = 0.05
 # Where caps are dispatched per run of steps at batch > 1 (no EXPLORE there), a run at the next cap
 # up whenever the batch's long-memory evidence at the first position the current cap never reaches
 # has decayed below this many steps' worth (`probe_up`): DECIDE_EVERY steps every ~50 at cap c + 1.
-# BV at batch 8 on CPU then left cap 1 (0.88-1.04 of the best fixed length, six sets below 0.95
-# before, two after); over SD's and BV's cells, 0.975 of the best at T=0 against 0.938 before,
-# 0.963 at T=1 against 0.969 (benchmarks/adaptive_notes.md).
+# BV at batch 8 on CPU then left cap 1 (0.89-1.03 of the best fixed length, six sets below 0.95
+# before, two after); over SD's and BV's cells, 0.982 of the best at T=0 against 0.963 before,
+# 0.975 at T=1 against 0.966 (benchmarks/adaptive_notes.md).
 PROBE_BELOW = 1.0
 # Where the loop checks every step (`adaptive_steps_per_check` 1) and dispatches its caps per run
 # of steps, the speculative steps between its choices of cap and fall back: the choice is ~60
@@ -468,16 +468,14 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             mean, sd = tokens_moments(*pooled(e.long_reached, e.long_accepted, e.running), a,
                                       optimism=EXPLORE if batch == 1 else 0.0)
             seconds = jnp.where(candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
-            index = cap_index(seconds, e.chosen, sticky=dispatch is not None)
-            if dispatch is not None and batch > 1:
-                run = probe_up(index, candidate, e.long_reached, e.running)
-                return (jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), run + 1),
-                        pays_at(e, index, cost), run)
+            best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
+            # Whether speculation pays is judged at the best cap, not at a probe's.
+            probes = dispatch is not None and batch > 1
+            index = probe_up(best, candidate, e.long_reached, e.running) if probes else best
         else:
-            index = L - 1
-        index = jnp.asarray(index, jnp.int32)
+            best = index = jnp.asarray(L - 1, jnp.int32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return cap, pays_at(e, index, cost), index
+        return cap, pays_at(e, best, cost), index
 
     def decide(s: AdaptiveState, due: jax.Array | None = None) -> AdaptiveState:
         """s with its cap and whether it pays (`choose`), or where due (bool []) is False, s as it
