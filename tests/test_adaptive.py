@@ -529,23 +529,31 @@ def test_cap_choice_sticks_where_caps_are_dispatched():
 def test_stale_next_cap_gets_a_probe():
     """Where caps are dispatched at batch > 1, a cap whose next candidate's first new position
     has decayed below PROBE_BELOW steps of evidence (over the running rows) runs at that
-    candidate instead; fresh evidence, the longest cap, or only finished rows holding the
+    candidate instead, if the model prices it within PROBE_WITHIN of the current cap; fresh
+    evidence, the longest cap, a next cap priced far dearer, or only finished rows holding the
     evidence leave it where it is."""
-    from ssd_jax.engine.adaptive_loop import PROBE_BELOW, probe_up
+    from ssd_jax.engine.adaptive_loop import PROBE_BELOW, PROBE_WITHIN, probe_up
 
     candidate = np.asarray([True, True, False, True, False, False, False, True])
     running = np.ones(4, bool)
     stale = np.full((4, 8), 0.5 * PROBE_BELOW, np.float32)
     fresh = np.full((4, 8), 2.0 * PROBE_BELOW, np.float32)
-    assert int(probe_up(np.int32(0), candidate, stale, running)) == 1
-    assert int(probe_up(np.int32(1), candidate, stale, running)) == 3   # cap 3 is not compiled: index 3 is cap 4
-    assert int(probe_up(np.int32(7), candidate, stale, running)) == 7
-    assert int(probe_up(np.int32(1), candidate, fresh, running)) == 1
+    even = np.full(8, 10.0, np.float32)
+    assert int(probe_up(np.int32(0), candidate, stale, running, even)) == 1
+    assert int(probe_up(np.int32(1), candidate, stale, running, even)) == 3   # cap 3 is not compiled: index 3 is cap 4
+    assert int(probe_up(np.int32(7), candidate, stale, running, even)) == 7
+    assert int(probe_up(np.int32(1), candidate, fresh, running, even)) == 1
+    # A next cap priced just within PROBE_WITHIN is probed; one priced beyond it is not.
+    near = np.asarray([10, 10, np.inf, 10, np.inf, np.inf, np.inf, 10 * (1 + PROBE_WITHIN) - 0.01], np.float32)
+    dear = near.copy()
+    dear[7] = 10 * (1 + PROBE_WITHIN) + 0.1
+    assert int(probe_up(np.int32(3), candidate, stale, running, near)) == 7
+    assert int(probe_up(np.int32(3), candidate, stale, running, dear)) == 3
     # Only the running rows' evidence counts: a finished row's fresh sums do not hide a stale cap.
     mixed = stale.copy()
     mixed[0] = 100.0
-    assert int(probe_up(np.int32(0), candidate, mixed, np.asarray([False, True, True, True]))) == 1
-    assert int(probe_up(np.int32(0), candidate, mixed, running)) == 0
+    assert int(probe_up(np.int32(0), candidate, mixed, np.asarray([False, True, True, True]), even)) == 1
+    assert int(probe_up(np.int32(0), candidate, mixed, running, even)) == 0
 
 
 def test_unmeasured_positions_get_an_optimistic_acceptance():

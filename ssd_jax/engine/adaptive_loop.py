@@ -36,7 +36,8 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
           EXPLORE standard errors), or the current one unless that is SWITCH_MARGIN faster where
           caps are dispatched per run of steps, and there at batch > 1 the next cap up for a run
           of steps whenever what the batch knows of the first position the current cap never
-          reaches has decayed (`probe_up`); parts with `takes_cap`, else their static L: SD
+          reaches has decayed and the next cap is priced near it (`probe_up`); parts with
+          `takes_cap`, else their static L: SD
           and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then being a
           verified token's cost
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
@@ -66,9 +67,9 @@ their acceptance is token-wise (SD; every method at T=0; CSD's largest drafter, 
 gives the draft its law): plain steps record the target's probability of each token they draw,
 and when the draft catches up it scores itself on them (`chain_counts`: every token a speculative
 step starting there, each worth 1 / PLAIN_BLOCK steps), then the loop decides. Both memories
-start from PRIOR_STEPS steps at the plan's acceptance. Each alpha_k is shrunk towards the acceptance pooled over positions
-by POOLING steps' worth, so a position whose estimate fell low by chance (and that shorter caps
-then stop measuring) drifts back and is tried again.
+start from PRIOR_STEPS steps at the plan's acceptance. Each alpha_k is shrunk towards the
+acceptance pooled over positions by POOLING steps' worth, so a position whose estimate fell low
+by chance (and that shorter caps then stop measuring) drifts back and is tried again.
 
 The choices use only past steps and the costs, never the current step's target probabilities,
 so the output law is the target's whatever they decide.
@@ -124,6 +125,11 @@ SWITCH_MARGIN = 0.05
 # before, two after); over SD's and BV's cells, 0.982 of the best at T=0 against 0.963 before,
 # 0.975 at T=1 against 0.966 (benchmarks/adaptive_notes.md).
 PROBE_BELOW = 1.0
+# ... and only where the model prices the next cap within this share of the current one: a probe
+# settles near ties, and a dearer cap's probe only costs. CSD at batch 8 probed its longest cap
+# (8 at T=0, 6 at T=1) from cap 4, a step 1.2-1.5x as long: without probes its four cells on code
+# and short read 0.93-0.97 of the best fixed length, 0.88-0.91 with them (7 paired rounds each).
+PROBE_WITHIN = 0.1
 # Where the loop checks every step (`adaptive_steps_per_check` 1) and dispatches its caps per run
 # of steps, the speculative steps between its choices of cap and fall back: the choice is ~60
 # small ops, which at batch 1 on CPU cost 8% of SD's step (code, T=0, forced cap 4 with caps
@@ -194,11 +200,13 @@ def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
     return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
-def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, running: jax.Array) -> jax.Array:
+def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, running: jax.Array,
+             seconds: jax.Array) -> jax.Array:
     """The cap index to run (int32 []): the next candidate above `index` (int32 []; candidate
     bool [L]) where the running rows' (bool [B]) mean long-memory evidence at that cap's first
-    new position (long_reached float32 [B, L]) has decayed below PROBE_BELOW steps' worth, else
-    index. A step at cap c never reaches position c + 1, so what the loop knows of it is pooled
+    new position (long_reached float32 [B, L]) has decayed below PROBE_BELOW steps' worth and
+    its seconds to finish the batch (seconds float32 [L]) are within PROBE_WITHIN of index's,
+    else index. A step at cap c never reaches position c + 1, so what the loop knows of it is pooled
     from the positions it measures; acceptance clusters (a token after an accepted one is the
     likelier accepted), so the pooled guess runs low and a near tie between c and the next cap
     stays at c (at batch 8, caps near 1 where fixed L=2 ran 10-15% faster)."""
@@ -207,7 +215,8 @@ def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, ru
     nxt = jnp.where(has_next, jnp.argmax(later), index).astype(jnp.int32)
     weight = running.astype(jnp.float32) / jnp.maximum(jnp.sum(running), 1)
     evidence = jnp.sum(long_reached[:, jnp.minimum(index + 1, candidate.shape[0] - 1)] * weight)
-    return jnp.where(has_next & (evidence < PROBE_BELOW), nxt, index).astype(jnp.int32)
+    near = seconds[nxt] <= (1 + PROBE_WITHIN) * seconds[index]
+    return jnp.where(has_next & (evidence < PROBE_BELOW) & near, nxt, index).astype(jnp.int32)
 
 
 def cap_index(seconds: jax.Array, current: jax.Array, sticky: bool) -> jax.Array:
@@ -471,7 +480,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
             # Whether speculation pays is judged at the best cap, not at a probe's.
             probes = dispatch is not None and batch > 1
-            index = probe_up(best, candidate, e.long_reached, e.running) if probes else best
+            index = probe_up(best, candidate, e.long_reached, e.running, seconds) if probes else best
         else:
             best = index = jnp.asarray(L - 1, jnp.int32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
