@@ -2,7 +2,8 @@
 
 For each prompt set, temperature and batch size, in one interleaved run (`spec_harness`): AR,
 the method at every fixed L in --lengths, and draft_len="auto" (at each --thresholds value). The
-acceptance remembered by "auto" is cleared before each set, so every set starts from the prior.
+acceptance remembered by "auto" (and its verdicts to decode plainly from the start) is cleared before
+each set, so every set starts from the prior.
 Calibrations are measured in the run itself (kept in memory, not read from or written to the
 on-disk store, `ssd_jax.engine.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
 
@@ -39,7 +40,7 @@ import ssd_jax  # noqa: E402
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
-from ssd_jax.engine import adaptive, ssd_auto  # noqa: E402
+from ssd_jax.engine import adaptive, plain_verdicts, ssd_auto  # noqa: E402
 
 # A table must not depend on calibrations an earlier run left on disk.
 os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
@@ -159,7 +160,8 @@ def main() -> None:
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for batch_size in sizes:
                 adaptive.ACCEPTANCE.clear()
-                ssd_auto.forget()  # and SSD's remembered "slower than plain" verdicts
+                ssd_auto.forget()  # and the remembered "decode plainly from the start" verdicts
+                plain_verdicts.forget()
                 cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,

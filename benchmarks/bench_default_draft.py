@@ -18,7 +18,7 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import run_configs  # noqa: E402
-from ssd_jax.engine import adaptive  # noqa: E402
+from ssd_jax.engine import adaptive, plain_verdicts  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DRAFTS = ("draft", "draft_small")
@@ -66,6 +66,7 @@ def main() -> None:
             rows = {}
             for name in DRAFTS:   # AR is timed beside each draft, so each ratio is from one run
                 adaptive.ACCEPTANCE.clear()
+                plain_verdicts.forget()
                 ar, sd = run_configs(target, prompts, [("ar", {}), ("sd", {})], temperature, args.new_tokens,
                                      draft=drafts[name], repeats=args.repeats)
                 ar, sd = ({k: v for k, v in row.items() if k != "tokens"} for row in (ar, sd))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.decode import check_models, check_positions
-from ssd_jax.engine import ssd_auto
+from ssd_jax.engine import plain_verdicts, ssd_auto
 from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS, signature
@@ -156,15 +156,31 @@ def generate(
                                batch.max_length + int(max_new_tokens) // 2), target)
     check_positions(method, target, draft, sampling, batch.max_length, int(max_new_tokens))
     if isinstance(method, SSD):
-        verdict = _ssd_verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
+        verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
         if not (method.adaptive and ssd_auto.starts_plain(verdict)):
             return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
         # "auto" remembers that SSD was slower than plain decoding for this program: AR's loop.
-        out = _generate_sync(AR(), target, None, batch, int(max_new_tokens), sampling, key, stream)
-        out.stats.update(adaptive=True, planned_draft_len=0, mean_draft_len=0.0, switched_to_plain_at_step=0,
-                         ssd_steps=0, ar_fallback_share=1.0, plain_from_start=True)
-        return out
-    return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
+        return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream,
+                                 switched_to_plain_at_step=0, ssd_steps=0)
+    if not getattr(method, "adaptive", False):
+        return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
+    # "auto" remembers a call whose loop decoded (nearly) every step plainly: AR's loop, but for probes.
+    verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
+    if plain_verdicts.starts_plain(verdict):
+        return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream)
+    out = _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
+    plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"])
+    return out
+
+
+def _plain_from_start(method, target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, stream,
+                      **stats) -> GenerateOutput:
+    """An "auto" call that a remembered verdict runs with AR's jitted loop (no draft work at all):
+    the AR tokens and stats, marked as the method's with plain_from_start (and `stats`)."""
+    out = _generate_sync(AR(), target, None, batch, max_new_tokens, sampling, key, stream)
+    out.stats.update(method=method.name, adaptive=True, planned_draft_len=0, mean_draft_len=0.0,
+                     ar_fallback_share=1.0, plain_from_start=True, **stats)
+    return out
 
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
@@ -260,13 +276,13 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
                  measure_s=time.perf_counter() - start, table_caps=adaptive.table_caps(method, plan))
 
 
-def _ssd_verdict_key(method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch,
-                     max_new_tokens: int) -> tuple:
-    """What SSD's "slower than plain decoding" verdict is remembered under (`ssd_auto.starts_plain`)."""
-    from ssd_jax.engine.adaptive import pair_key
+def _verdict_key(method, target: Model, draft, sampling: SamplingParams, batch, max_new_tokens: int) -> tuple:
+    """What a "decode plainly from the start" verdict is remembered under (`ssd_auto.starts_plain`,
+    `plain_verdicts.starts_plain`): the pair's weights, the method, sampling and the call's shapes."""
+    from ssd_jax.engine.adaptive import acceptance_key
 
-    return ("ssd", pair_key(target, draft), method, sampling, batch.batch_size, batch.tokens.shape[1],
-            bucket(max_new_tokens))
+    return (acceptance_key(target, draft, method, sampling), method, sampling, batch.batch_size,
+            batch.tokens.shape[1], bucket(max_new_tokens))
 
 
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,

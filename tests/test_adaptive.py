@@ -419,6 +419,41 @@ def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
     assert out.stats["loop_costs"][:3] != adaptive.UNMEASURED.loop_array(9).tolist()  # measured
 
 
+def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
+    """A call whose loop decoded at least PLAIN_SHARE of its steps plainly makes the next calls of
+    the program run AR's loop from the start, all but a probe every PROBE_EVERY calls (doubling
+    while probes decode plainly again, up to PROBE_EVERY_MAX); a probe whose loop speculated ends
+    it. The tokens are AR's every time; SSD_JAX_DETERMINISTIC_AUTO=1 remembers nothing."""
+    from ssd_jax.engine import plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(plain_verdicts, "PROBE_EVERY", 3)
+    monkeypatch.setattr(plain_verdicts, "PROBE_EVERY_MAX", 6)
+    # Whether a loop counts as plain is set here, not by the tiny pair's speed: every call's (share >= 0).
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 0.0)
+    target, draft = models
+    prompts = [[3, 4, 5, 3, 4], [7]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=20)
+
+    def starts_plain(method=ssd_jax.SD(draft_len="auto", max_draft_len=3)) -> bool:
+        out = ssd_jax.generate(target, prompts, max_new_tokens=20, method=method, draft=draft)
+        assert out.tokens == ar.tokens and out.stats["method"] == method.name and out.stats["adaptive"]
+        if out.stats.get("plain_from_start"):
+            assert out.stats["ar_fallback_share"] == 1.0 and out.stats["mean_draft_len"] == 0.0
+            return True
+        assert "loop_costs" in out.stats
+        return False
+
+    assert [starts_plain() for _ in range(10)] == [False, True, True, False] + [True] * 5 + [False]
+    assert not starts_plain(ssd_jax.SD(draft_len="auto", max_draft_len=2))   # another program
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)   # from now on, every loop speculates
+    assert [starts_plain() for _ in range(8)] == [True] * 5 + [False, False, False]
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 0.0)
+    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
+    assert [starts_plain() for _ in range(3)] == [False] * 3
+
+
 def test_each_program_is_calibrated_on_its_own(models, monkeypatch):
     """The loop's costs are calibrated once per compiled program, argument shapes included: a
     call whose prompts fall in another length bucket (another program, other step costs) is

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.engine.adaptive import Recent
+from ssd_jax.engine.plain_verdicts import PlainVerdicts
 
 PLAIN_CHUNK = 16
 # Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
@@ -47,8 +48,7 @@ PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
 _PLAIN_STEP_S = Recent()
-# program key -> (SSD slower, calls started plain since the last SSD call, calls between probes)
-_VERDICTS = Recent()
+_VERDICTS = PlainVerdicts()
 _LOCK = threading.Lock()
 
 
@@ -106,26 +106,16 @@ def plain_step_seconds(key, run_chunk, state) -> float:
 def starts_plain(key) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the last call that ran
     SSD measured it slower, and this call is not a probe (see the module's docstring)."""
-    with _LOCK:
-        verdict = _VERDICTS.lookup(key)
-        if verdict is None or not verdict[0] or verdict[1] + 1 >= verdict[2]:
-            return False
-        _VERDICTS.store(key, (True, verdict[1] + 1, verdict[2]))
-        return True
+    return _VERDICTS.starts_plain(key)
 
 
 def remember(key, slower: bool, cost_ratio: float = 1.0) -> None:
     """The verdict of a call that ran SSD long enough to judge (see `starts_plain`); cost_ratio:
     its `PlainSwitch.cost_ratio`. A probe that finds SSD slower again by at least BACKOFF_RATIO
     doubles the calls between probes; any other verdict sets them to PROBE_EVERY."""
-    with _LOCK:
-        before = _VERDICTS.lookup(key)
-        back_off = slower and cost_ratio >= BACKOFF_RATIO and before is not None and before[0]
-        interval = min(2 * before[2], PROBE_EVERY_MAX) if back_off else PROBE_EVERY
-        _VERDICTS.store(key, (bool(slower), 0, interval))
+    _VERDICTS.remember(key, slower, back_off=cost_ratio >= BACKOFF_RATIO, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
 
 
 def forget() -> None:
     """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
-    with _LOCK:
-        _VERDICTS.clear()
+    _VERDICTS.forget()

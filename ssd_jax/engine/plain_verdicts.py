@@ -1,0 +1,88 @@
+"""Remembered verdicts that a program's calls under draft_len="auto" should decode plainly from the
+start, with probes that renew them.
+
+A verdict is kept per program key (the pair's weights, the method, sampling and the call's shapes):
+after a call that found speculation not paying, the next calls of the key run AR's program (no
+draft work, no speculative bookkeeping), all but a probe every `first` calls, which runs the
+adaptive program again and renews the verdict. A probe that finds the same again may double the
+calls between probes, up to `most`; any other verdict sets them back to `first`.
+
+Two users: SSD (`ssd_jax.engine.ssd_auto`: its host loop measures SSD slower than plain decoding)
+and the jitted adaptive loop of the synchronous methods (`remember_share` below: a call whose
+loop decoded at least PLAIN_SHARE of its steps plainly). The loop's own fall back already makes
+such calls nearly as fast as AR, but not quite: its plain steps keep a buffer of the tokens the
+draft missed and check every PLAIN_BLOCK steps whether speculation pays (retrieval also walks its
+drafts against the tokens drawn), which cost 1-4% of AR on CPU at batch 8 (PLD and LogitSpec at
+T=1, where every step decoded plainly: 0.96-0.99x AR). Under SSD_JAX_DETERMINISTIC_AUTO=1 nothing
+is remembered (a call must not depend on the calls before it).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ssd_jax.engine.adaptive import Recent, timings_allowed
+
+# The jitted loop's verdicts: a call that decoded this share of its steps plainly makes the next
+# calls of its key start plain; a probe every PROBE_EVERY calls, doubling while probes find the
+# same, up to PROBE_EVERY_MAX (a probe costs the loop's 1-4% over AR on one call, so it may come
+# often: a text that turns copyable is found within PROBE_EVERY_MAX calls).
+PLAIN_SHARE = 0.95
+PROBE_EVERY = 4
+PROBE_EVERY_MAX = 16
+
+
+class PlainVerdicts:
+    """Per key: (decode plainly, calls started plain since the last probe, calls between probes);
+    the most recent keys only."""
+
+    def __init__(self, limit: int = 256):
+        self._values = Recent(limit)
+        self._lock = threading.Lock()
+
+    def starts_plain(self, key) -> bool:
+        """Whether a call of `key` decodes plainly from the start: the last call that ran the
+        adaptive program judged it not paying, and this call is not a probe. Counts the call."""
+        with self._lock:
+            verdict = self._values.lookup(key)
+            if verdict is None or not verdict[0] or verdict[1] + 1 >= verdict[2]:
+                return False
+            self._values.store(key, (True, verdict[1] + 1, verdict[2]))
+            return True
+
+    def remember(self, key, plain: bool, back_off: bool, first: int, most: int) -> None:
+        """The verdict of a call that ran the adaptive program: plain (it did not pay); back_off:
+        a plain verdict that may double the calls between probes, when the verdict before was
+        plain too (else they are `first`, at most `most`)."""
+        with self._lock:
+            before = self._values.lookup(key)
+            doubled = plain and back_off and before is not None and before[0]
+            interval = min(2 * before[2], most) if doubled else first
+            self._values.store(key, (bool(plain), 0, interval))
+
+    def forget(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
+LOOP_VERDICTS = PlainVerdicts()
+
+
+def starts_plain(key) -> bool:
+    """Whether a synchronous method's "auto" call of `key` runs AR's program instead of the
+    adaptive loop (see the module's docstring); always False under SSD_JAX_DETERMINISTIC_AUTO=1."""
+    return timings_allowed() and LOOP_VERDICTS.starts_plain(key)
+
+
+def remember_share(key, plain_share: float) -> None:
+    """The verdict of an adaptive loop's call of `key` that decoded plain_share (float in [0, 1])
+    of its steps plainly."""
+    if not timings_allowed():
+        return
+    plain = plain_share >= PLAIN_SHARE
+    LOOP_VERDICTS.remember(key, plain, back_off=plain, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
+
+
+def forget() -> None:
+    """Drops the remembered verdicts of the jitted loop (tests, benchmarks starting a new set)."""
+    LOOP_VERDICTS.forget()
