@@ -610,6 +610,39 @@ def test_unmeasured_positions_get_an_optimistic_acceptance():
                                atol=1e-3)
 
 
+def test_rows_borrow_the_batchs_acceptance_by_position():
+    """At batch > 1 a row's estimate at a position it reached a few times (a probe of the next cap)
+    is pulled towards its own pooled acceptance times the batch's shape there, so what 8 rows
+    measured together counts: acceptance 0.92 at position 2 after 0.6 at position 1 reads 0.85,
+    against 0.69 pulled towards the row's pooled acceptance alone. A position nobody reached keeps
+    the pooled guess (shape 1), and rows that stopped running do not count."""
+    from ssd_jax.engine.adaptive_loop import position_shape, reach_probabilities
+
+    reached = np.tile(np.asarray([30.0, 2.4], np.float32), (8, 1))
+    accepted = np.tile(np.asarray([18.0, 2.2], np.float32), (8, 1))
+    running = np.ones(8, bool)
+
+    def alpha(p):
+        p = np.asarray(p)
+        return p[..., 1] / p[..., 0]
+
+    flat = alpha(reach_probabilities(reached, accepted, 0.6))
+    shape = np.asarray(position_shape(reached, accepted, running, 0.6))
+    shaped = alpha(reach_probabilities(reached, accepted, 0.6, shape=shape))
+    np.testing.assert_allclose(flat, 0.69, atol=0.01)
+    np.testing.assert_allclose(shaped, 0.85, atol=0.01)
+    assert shape[1] > 1.3 and shape[0] < 1.0
+    unreached = np.asarray(position_shape(reached * [1, 0], accepted * [1, 0], running, 0.6))
+    np.testing.assert_allclose(unreached[1], 1.0, atol=1e-5)
+    # A finished row's sums (here: never past position 1) leave the running rows' shape as it is.
+    mixed_reached, mixed_accepted = reached.copy(), accepted.copy()
+    mixed_reached[0], mixed_accepted[0] = [500.0, 0.0], [100.0, 0.0]
+    finished = running.copy()
+    finished[0] = False
+    np.testing.assert_allclose(np.asarray(position_shape(mixed_reached, mixed_accepted, finished, 0.6)),
+                               np.asarray(position_shape(reached[1:], accepted[1:], running[1:], 0.6)), rtol=1e-5)
+
+
 def test_measured_cap_costs_steer_the_cap(models):
     """A draft that is always right drafts to the longest cap where caps cost what the line
     through the first inputs says, and to a shorter one where the measured step time of the
