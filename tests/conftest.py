@@ -56,6 +56,18 @@ adaptive._CALIBRATION_ROUNDS = 3
 _MADE: dict = {}
 
 
+@pytest.fixture(autouse=True)
+def loop_every_call(monkeypatch):
+    """Every "auto" call runs its adaptive loop: a verdict that a program's calls start plainly
+    (`ssd_jax.engine.plain_verdicts`) is a memory across calls, which would make a test that
+    measures depend on how the calls before it (its own, or another test's) happened to decide.
+    test_calls_whose_loop_decoded_plainly_start_plain sets the threshold it tests."""
+    from ssd_jax.engine import plain_verdicts
+
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", float("inf"))
+
+
 @pytest.fixture(scope="session")
 def hf_family(tmp_path_factory):
     """family name -> (directory, torch model); each made on first use."""
