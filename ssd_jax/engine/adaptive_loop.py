@@ -289,6 +289,14 @@ class Evidence:
     chosen: jax.Array
 
 
+def pooled_acceptance(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
+    """The acceptance pooled over all positions, float32 [..., 1], from per-position sums float32
+    [..., L] (no evidence at all: the prior acceptance)."""
+    tiny = 1e-6
+    return ((jnp.sum(accepted, axis=-1, keepdims=True) + tiny * prior)
+            / (jnp.sum(reached, axis=-1, keepdims=True) + tiny))
+
+
 def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
                         optimism: float = 0.0, shape: jax.Array | None = None) -> jax.Array:
     """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [..., L],
@@ -298,9 +306,7 @@ def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Arra
     pull, a position whose estimate fell low by chance is no longer drafted, so never corrected:
     the caps would drift short. optimism: each alpha_k raised by that many standard errors,
     sqrt(alpha (1 - alpha) / n_k) with n_k = R_k + POOLING."""
-    tiny = 1e-6
-    pooled = ((jnp.sum(accepted, axis=-1, keepdims=True) + tiny * prior)
-              / (jnp.sum(reached, axis=-1, keepdims=True) + tiny))
+    pooled = pooled_acceptance(reached, accepted, prior)
     if shape is not None:
         pooled = jnp.clip(pooled * shape, 0.0, 1.0)
     alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
@@ -375,10 +381,9 @@ def position_shape(reached: jax.Array, accepted: jax.Array, running: jax.Array, 
     rows = running.astype(jnp.float32)[:, None]
     batch_reached = jnp.sum(reached * rows, axis=0)
     batch_accepted = jnp.sum(accepted * rows, axis=0)
-    tiny = 1e-6
-    pooled = (jnp.sum(batch_accepted) + tiny * prior) / (jnp.sum(batch_reached) + tiny)
+    pooled = pooled_acceptance(batch_reached, batch_accepted, prior)
     alpha = (batch_accepted + POOLING * pooled) / (batch_reached + POOLING)
-    return alpha / jnp.maximum(pooled, tiny)
+    return alpha / jnp.maximum(pooled, 1e-6)
 
 
 def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:

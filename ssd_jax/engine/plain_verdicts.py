@@ -9,12 +9,13 @@ calls between probes, up to `most`; any other verdict sets them back to `first`.
 
 Two users: SSD (`ssd_jax.engine.ssd_auto`: its host loop measures SSD slower than plain decoding)
 and the jitted adaptive loop of the synchronous methods (`remember_share` below: a call whose
-loop decoded at least PLAIN_SHARE of its steps plainly, about every one). The loop's own fall back already makes
-such calls nearly as fast as AR, but not quite: its plain steps keep a buffer of the tokens the
-draft missed and check every PLAIN_BLOCK steps whether speculation pays (retrieval also walks its
-drafts against the tokens drawn), which cost 1-4% of AR on CPU at batch 8 (PLD and LogitSpec at
-T=1, where every step decoded plainly: 0.96-0.99x AR). Under SSD_JAX_DETERMINISTIC_AUTO=1 nothing
-is remembered (a call must not depend on the calls before it).
+loop decoded at least PLAIN_SHARE of its steps plainly, about every one). The loop's own fall
+back already makes such calls nearly as fast as AR, but not quite: its plain steps keep a buffer
+of the tokens the draft missed and check every PLAIN_BLOCK steps whether speculation pays
+(retrieval also walks its drafts against the tokens drawn), which cost 1-4% of AR on CPU at
+batch 8 (PLD and LogitSpec at T=1, where every step decoded plainly: 0.96-0.99x AR). Under
+SSD_JAX_DETERMINISTIC_AUTO=1 nothing is remembered (a call must not depend on the calls before
+it).
 """
 
 from __future__ import annotations
@@ -82,8 +83,7 @@ def remember_share(key, plain_share: float) -> None:
     of its steps plainly."""
     if not timings_allowed():
         return
-    plain = plain_share >= PLAIN_SHARE
-    LOOP_VERDICTS.remember(key, plain, back_off=plain, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
+    LOOP_VERDICTS.remember(key, plain_share >= PLAIN_SHARE, back_off=True, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
 
 
 def forget() -> None:
