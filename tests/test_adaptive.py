@@ -287,6 +287,27 @@ def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
     assert counters.ar_steps.min() > 30 and counters.num_drafts.min() >= 4
 
 
+def test_pld_dispatches_its_caps_per_run_of_steps_at_batch_above_one(models, monkeypatch):
+    """Capped PLD compiles one step per cap from batch 2 (a per-step width switch copies the KV
+    cache on CPU), keeps the per-step width at batch 1 (a row that found nothing costs a plain
+    step), and LogitSpec and the GPU policy's single width have nothing to dispatch."""
+    from ssd_jax.engine.retrieval import RetrievalParts
+
+    target, _ = models
+
+    def parts(method, capped=True):
+        return RetrievalParts(method=method, draft_len=4, tparams=target.params, tcfg=target.config,
+                              sampling=SamplingParams(), prompt_size=8, out_size=8, pending_width=24, capped=capped)
+
+    pld = parts(ssd_jax.PLD(draft_len="auto"))
+    assert pld.dispatch_caps(2) == pld.dispatch_caps(8) == (1, 2, 4)
+    assert pld.dispatch_caps(1) is None
+    assert parts(ssd_jax.PLD(draft_len=4), capped=False).dispatch_caps(8) is None
+    assert parts(ssd_jax.LogitSpec(draft_len="auto", tree_size=8), capped=False).dispatch_caps(8) is None
+    gpu_adaptive_policy(monkeypatch)
+    assert pld.dispatch_caps(8) is None
+
+
 VOCAB, NEW, SAMPLES = 4, 3, 6000
 
 

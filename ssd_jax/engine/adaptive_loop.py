@@ -43,9 +43,10 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
            (not for retrieval, which keeps measuring while it decodes plainly: below)
 
-(at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps, and
-for draft models a position's pull towards the row's pooled acceptance is scaled by the batch's
-acceptance there over its pooled one, `position_shape`), with n the row's short memory's
+(at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps,
+RETRIEVAL_ROW_POOLING for retrieval, and for draft models a position's pull towards the row's
+pooled acceptance is scaled by the batch's acceptance there over its pooled one,
+`position_shape`), with n the row's short memory's
 effective number of steps: the noise allowance keeps a chance dip of a few steps from stopping
 speculation that pays on average, while a draft that is truly bad (E near 1, small spread) falls
 back after a few steps.
@@ -117,6 +118,12 @@ EXPLORE = 0.5
 # Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
 # of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
 ROW_POOLING = 4.0
+# ... and for retrieval, whose rows' acceptance drifts towards the batch's over a call (the text a
+# row generates becomes copyable as it grows): at batch 8 on badguess at T=0 the rows the loop
+# measured lowest (1.5 tokens per step at cap 2) set the batch's pace and kept it at cap 1, where
+# fixed L=2, whose slowest row averaged 1.9, ran 1.2x faster (AMD VM, 7 paired rounds: auto 1.14x
+# AR at 4, 1.31-1.33x at 8 against L=2's 1.34x, 1.25-1.35x at 16, 1.14x at 32, capping longer).
+RETRIEVAL_ROW_POOLING = 8.0
 # Parts that dispatch their caps once per run of steps (`dispatch_caps`) change cap only for one
 # that is faster by this share: leaving one compiled step's loop for another's passes the KV caches
 # through a conditional, and between two caps of nearly equal speed the loop flipped every few steps.
@@ -359,13 +366,14 @@ def batch_steps(mean: jax.Array, sd: jax.Array, remaining: jax.Array, running: j
     return jnp.max(jnp.where(running[(slice(None),) + extra], steps, 0.0), axis=0)
 
 
-def toward_batch(reached: jax.Array, accepted: jax.Array, running: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Per-row sums float32 [B, L] with ROW_POOLING steps of the running rows' (bool [B]) mean
+def toward_batch(reached: jax.Array, accepted: jax.Array, running: jax.Array,
+                 pooling: float = ROW_POOLING) -> tuple[jax.Array, jax.Array]:
+    """Per-row sums float32 [B, L] with `pooling` steps of the running rows' (bool [B]) mean
     row added to each row's."""
     weight = running.astype(jnp.float32)[:, None] / jnp.maximum(jnp.sum(running), 1)
     mean_reached = jnp.sum(reached * weight, axis=0)
     mean_accepted = jnp.sum(accepted * weight, axis=0)
-    per_step = ROW_POOLING / jnp.maximum(mean_reached[0], 1e-6)
+    per_step = pooling / jnp.maximum(mean_reached[0], 1e-6)
     return reached + per_step * mean_reached, accepted + per_step * mean_accepted
 
 
@@ -455,6 +463,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # found nothing, and with the shape PLD at batch 8 on code at T=0 capped longer and fell back
     # more (mean draft 2.03 against 1.05, 76% of the steps plain against 47%: 0.97x AR, not 1.03x).
     shaped = batch > 1 and getattr(parts, "shadow_tree", None) is None
+    row_pooling = RETRIEVAL_ROW_POOLING if getattr(parts, "shadow_tree", None) is not None else ROW_POOLING
 
     def pooled(reached, accepted, running_rows):
         """(sums, sums, shape): a row's own, or pulled towards the batch's, with (draft models)
@@ -462,7 +471,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         if batch == 1:
             return reached, accepted, None
         shape = position_shape(reached, accepted, running_rows, a) if shaped else None
-        return *toward_batch(reached, accepted, running_rows), shape
+        return *toward_batch(reached, accepted, running_rows, row_pooling), shape
 
     def evidence(s: AdaptiveState) -> Evidence:
         outputs = s.decode.outputs
@@ -500,7 +509,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
         return forced | (steps * cost[index] <= plain_steps * c_ar)
 
-    # Parts that compile one step per cap (`dispatch_caps`: SD and BV, and CSD at batch > 1) get it
+    # Parts that compile one step per cap (`dispatch_caps`: SD and BV, and CSD and PLD at batch > 1) get it
     # chosen once per run of steps at the same cap (a `lax.switch` around a `while_loop`), not per
     # step: a switch per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes
     # every few tens.

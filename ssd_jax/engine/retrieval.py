@@ -71,6 +71,18 @@ class RetrievalParts:
     def verify_caps(self) -> tuple[int, ...]:
         return switched_caps(self.draft_len, self.tparams) if self.takes_cap else (self.draft_len,)
 
+    def dispatch_caps(self, batch: int) -> tuple[int, ...] | None:
+        """The caps the adaptive loop compiles one PLD step for and dispatches on once per run of
+        steps at that cap (`step(width=n)`: the chain verified at n whatever the copies' lengths),
+        at batch >= 2 where verification has several compiled widths; None (batch 1, LogitSpec,
+        one width) where each step picks its own width. A switch per step passes the target's KV
+        cache through the conditional, which XLA:CPU copies: at batch 8 on the embedded target,
+        PLD forced to cap 2 ran 0.90-0.93 of fixed L=2 at the same tokens per step. At batch 1 the
+        per-step width keeps its worth: a step where the lookup found nothing costs a plain one."""
+        if not self.takes_cap or batch < 2 or len(self.verify_caps) == 1:
+            return None
+        return with_one(self.verify_caps)
+
     @functools.cached_property
     def layout(self) -> TreeLayout:
         return retrieval_layout(self.method, self.draft_len)
@@ -113,10 +125,13 @@ class RetrievalParts:
         return logitspec_tree(inner["context"], inner["context_len"], inner["last_logits"], self.layout,
                               max_ngram=m.max_ngram)
 
-    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None) -> Verdict:
-        """One speculative step; cap int32 []: the most tokens a row's copy keeps (`takes_cap`)."""
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
+             width: int | None = None) -> Verdict:
+        """One speculative step; cap int32 []: the most tokens a row's copy keeps (`takes_cap`);
+        width: the compiled cap (one of `dispatch_caps`, >= cap) the chain is verified at, None:
+        chosen per step."""
         if self.method.name == "pld":
-            return self._chain_step(state, keys, active, cap)
+            return self._chain_step(state, keys, active, cap, width)
         layout, inner, tcache = self.layout, state.inner, state.tcache
         b, n_nodes = keys.shape[0], layout.num_nodes
         rows = jnp.arange(b)
@@ -150,16 +165,18 @@ class RetrievalParts:
         return Verdict(tcache=tcache, inner=inner, chosen=path_tokens, accepted=accepted, next_token=next_token,
                        drafted=drafted, draft_forwards=forwards)
 
-    def _chain_step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None) -> Verdict:
+    def _chain_step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None,
+                    width: int | None = None) -> Verdict:
         """A prompt-lookup step: one chain per row, verified as a causal block (`point_mass_chain`;
         its accepted nodes are its first tokens, so the cache needs no compaction).
 
         Capped (`takes_cap`): copies keep at most `cap` tokens and the chain verified is the
         narrowest compiled width holding every active row's copy (no token when no row found one:
         a plain step's cost; then 1 and `verify_caps`), a choice made from the copies alone, so
-        each row's verdict stays exact. At batch 8 on CPU a 9-token verification costs ~2.3x a
-        1-token one: with one static width PLD lost to plain decoding where few rows find a long
-        match. draft_forwards counts the chain's tokens past the first (what the loop prices)."""
+        each row's verdict stays exact, or where the loop dispatches caps (`dispatch_caps`), its
+        `width`. At batch 8 on CPU a 9-token verification costs ~2.3x a 1-token one: with one
+        static width PLD lost to plain decoding where few rows find a long match. draft_forwards
+        counts the chain's tokens past the first (what the loop prices)."""
         L, inner = self.draft_len, state.inner
         b = keys.shape[0]
         rows = jnp.arange(b)
@@ -181,7 +198,9 @@ class RetrievalParts:
             tcache = commit(tcache, jnp.where(active, accepted + 1, 0))
             return accepted, next_token, logits[rows, accepted], tcache, jnp.asarray(max(n - 1, 0), jnp.int32)
 
-        if self.takes_cap:
+        if width is not None:
+            accepted, next_token, last_logits, tcache, forwards = chain(width, state.tcache)
+        elif self.takes_cap:
             caps = self.verify_caps
             widths = caps if len(caps) == 1 else (0,) + with_one(caps)
             accepted, next_token, last_logits, tcache, forwards = at_narrowest(
