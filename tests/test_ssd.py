@@ -242,21 +242,26 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
 def test_auto_switch_rule():
     switch = ssd_auto.PlainSwitch(plain_step_s=1.0)
     for _ in range(ssd_auto.WARMUP_STEPS):       # a call's first steps, with no prefetch yet, are not judged
-        switch.record(seconds=50.0, tokens_per_row=1.0)
-    switch.record(seconds=50.0, tokens_per_row=1.0, compiled=True)   # nor a step that compiled
+        switch.record(seconds=50.0, row_tokens=1.0)
+    switch.record(seconds=50.0, row_tokens=1.0, compiled=True)   # nor a step that compiled
     assert switch.steps == 0 and switch.seconds == 0.0
     for _ in range(ssd_auto.MIN_STEPS - 1):
-        switch.record(seconds=5.0, tokens_per_row=1.0)
+        switch.record(seconds=5.0, row_tokens=1.0)
     assert not switch.slower_than_plain()        # too few steps to judge
-    switch.record(seconds=5.0, tokens_per_row=1.0)
+    switch.record(seconds=5.0, row_tokens=1.0)
     assert switch.slower_than_plain() and switch.cost_ratio() == pytest.approx(5.0)
     fast = ssd_auto.PlainSwitch(plain_step_s=1.0)
     assert fast.cost_ratio() == 1.0              # nothing judged yet
     for _ in range(ssd_auto.WARMUP_STEPS):
-        fast.record(seconds=50.0, tokens_per_row=1.0)
+        fast.record(seconds=50.0, row_tokens=1.0)
     for _ in range(10):
-        fast.record(seconds=2.0, tokens_per_row=3.0)
+        fast.record(seconds=2.0, row_tokens=3.0)
     assert not fast.slower_than_plain() and fast.cost_ratio() == pytest.approx(2.0 / 3.0)
+    # A batch runs at its slowest row's pace: 3 and 1 tokens per step is 1 per step, not 2.
+    uneven = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    for _ in range(ssd_auto.WARMUP_STEPS + 10):
+        uneven.record(seconds=1.5, row_tokens=np.array([3.0, 1.0, 0.0]), live=np.array([True, True, False]))
+    assert uneven.slower_than_plain() and uneven.cost_ratio() == pytest.approx(1.5)
 
 
 # ---------------------------------------------------------------------------------- fan-out

@@ -306,7 +306,7 @@ class _Decode:
             if self.done.all():
                 break
             if self.switch is not None:
-                self.switch.record(time.perf_counter() - step_start, float(np.mean(accepted[live] + 1)),
+                self.switch.record(time.perf_counter() - step_start, accepted + 1, live,
                                    compiled=self.run.compile_s != compile_start)
                 if self.switch.slower_than_plain():
                     self.finish_plain(next_token)

@@ -2,8 +2,9 @@
 switch to plain decoding when SSD measures slower than the target alone.
 
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
-extra: after each step the loop adds the step's seconds and the tokens it emitted per running
-row to decayed sums (not the first WARMUP_STEPS steps, nor a step that compiled); once MIN_STEPS
+extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
+running row furthest behind gained) to decayed sums (not the first WARMUP_STEPS steps, nor a
+step that compiled); once MIN_STEPS
 steps were judged, if
 
     seconds per token of SSD  >  seconds per token of plain decoding
@@ -54,23 +55,36 @@ _LOCK = threading.Lock()
 
 @dataclasses.dataclass
 class PlainSwitch:
-    """Decayed sums of SSD's step seconds and tokens per running row, against plain_step_s."""
+    """Decayed sums of SSD's step seconds and of the batch's pace (tokens per step of the row
+    furthest behind), against plain_step_s."""
 
     plain_step_s: float
     seconds: float = 0.0
     tokens: float = 0.0
     steps: int = 0
     seen: int = 0
+    progress: np.ndarray | None = None
 
-    def record(self, seconds: float, tokens_per_row: float, compiled: bool = False) -> None:
-        """One SSD step. The call's first WARMUP_STEPS steps and a step that compiled (part of a
-        compile can overlap it uncounted, the draft's programs compiling on their own thread)
-        are seen but not judged: their time is not SSD's steady state."""
+    def record(self, seconds: float, row_tokens, live=None, compiled: bool = False) -> None:
+        """One SSD step that emitted row_tokens (float [B], or a number at batch 1) to the rows
+        in live (bool [B]; None: all). Its pace is how far the furthest-behind live row moved:
+        a batch runs until its last row is done, so the mean row's tokens overstate it (SSD at
+        batch 4 on held-out code at T=1 ran 0.96x AR, and judged by the mean row kept speculating
+        on 29% of the steps: 0.975x). The call's first WARMUP_STEPS steps and a step that
+        compiled (part of a compile can overlap it uncounted, the draft's programs compiling on
+        their own thread) are seen but not judged: their time is not SSD's steady state."""
+        row_tokens = np.atleast_1d(np.asarray(row_tokens, np.float64))
+        live = np.ones(row_tokens.shape, bool) if live is None else np.asarray(live, bool)
+        if self.progress is None:
+            self.progress = np.zeros(row_tokens.shape, np.float64)
+        behind = np.min(self.progress[live])
+        self.progress = self.progress + np.where(live, row_tokens, 0.0)
+        pace = float(np.min(self.progress[live]) - behind)
         self.seen += 1
         if compiled or self.seen <= WARMUP_STEPS:
             return
         self.seconds = DECAY * self.seconds + seconds
-        self.tokens = DECAY * self.tokens + tokens_per_row
+        self.tokens = DECAY * self.tokens + pace
         self.steps += 1
 
     def slower_than_plain(self) -> bool:
