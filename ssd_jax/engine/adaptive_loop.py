@@ -32,9 +32,10 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
 57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
 (4-8) lost to L=2 by 20-30%.
 
-    cap = the l with the least steps(l) cost(l) (long memory, at batch 1 each alpha_k raised by
-          EXPLORE standard errors), or the current one unless that is SWITCH_MARGIN faster where
-          caps are dispatched per run of steps, and there at batch > 1 the next cap up for a run
+    cap = the l with the least steps(l) cost(l) (long memory, at batch 1 each alpha_k past the
+          current cap raised by EXPLORE standard errors), or the current one unless that is
+          SWITCH_MARGIN faster where caps are dispatched per run of steps, and there at batch > 1
+          the next cap up for a run
           of steps whenever what the batch knows of the first position the current cap never
           reaches has decayed and the next cap is priced near it (`probe_up`); parts with
           `takes_cap`, else their static L: SD
@@ -112,8 +113,11 @@ MAX_BACKOFF = 8
 # steps at cap 4 left SD at cap 2 for most of a call where 4 paid 45% more (held-out code, T=0: 48
 # steps at a mean draft of 2.9 against fixed L=4's 33); as their evidence decays the bonus grows
 # and the longer cap is tried again. (It replaced leaning to the longest cap within 3% of the
-# best, which drafted too long: mean 5.4 where L=4 won.) Not at batch > 1, where 8 rows measure
-# the positions and longer caps make the batch wait for its unluckiest row.
+# best, which drafted too long: mean 5.4 where L=4 won.) Only the positions past the current cap:
+# raising the measured ones too lifted a long cap's estimate by a few percent per position, and at
+# T=1 SD drafted 5.5-6.2 where fixed L=4 won (0.94-0.96 of it on short and repeat; 0.98 now, AMD
+# VM, 7 paired rounds). Not at batch > 1, where 8 rows measure the positions and longer caps make
+# the batch wait for its unluckiest row.
 EXPLORE = 0.5
 # Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
 # of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
@@ -305,7 +309,7 @@ def pooled_acceptance(reached: jax.Array, accepted: jax.Array, prior: jax.Array)
 
 
 def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
-                        optimism: float = 0.0, shape: jax.Array | None = None) -> jax.Array:
+                        optimism: float | jax.Array = 0.0, shape: jax.Array | None = None) -> jax.Array:
     """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [..., L],
     from the per-position sums float32 [..., L] (a row's, or one per row), each shrunk towards
     the acceptance pooled over all positions by POOLING steps' worth (no evidence at all: the
@@ -317,7 +321,7 @@ def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Arra
     if shape is not None:
         pooled = jnp.clip(pooled * shape, 0.0, 1.0)
     alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
-    if optimism:
+    if not isinstance(optimism, (int, float)) or optimism:
         alpha = jnp.minimum(alpha + optimism * jnp.sqrt(alpha * (1 - alpha) / (reached + POOLING)), 1.0)
     return jnp.cumprod(alpha, axis=-1)
 
@@ -328,7 +332,7 @@ def expected_tokens_by_cap(reached: jax.Array, accepted: jax.Array, prior: jax.A
 
 
 def tokens_moments(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
-                   optimism: float = 0.0, shape: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                   optimism: float | jax.Array = 0.0, shape: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(E(l), sd(l)) for l = 1..L, float32 [..., L] each: the mean and spread of the tokens a step
     capped at l emits, under the per-position model (`reach_probabilities`): E = 1 + sum_k P_k,
     E[T^2] = 1 + sum_k (2k + 1) P_k over k <= l."""
@@ -524,7 +528,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             # Seconds to finish the batch by cap, the fastest chosen (`cap_index`; zero costs,
             # under forced inputs: the longest).
             reached, accepted, shape = pooled(e.long_reached, e.long_accepted, e.running)
-            mean, sd = tokens_moments(reached, accepted, a, optimism=EXPLORE if batch == 1 else 0.0, shape=shape)
+            # At batch 1 the positions past the current cap, which its steps never reach, are
+            # raised by EXPLORE standard errors; the ones it reaches are measured every step.
+            unreached = jnp.arange(1, L + 1) > e.chosen + 1
+            optimism = EXPLORE * unreached.astype(jnp.float32) if batch == 1 else 0.0
+            mean, sd = tokens_moments(reached, accepted, a, optimism=optimism, shape=shape)
             seconds = jnp.where(candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
             best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
             # Whether speculation pays is judged at the best cap, not at a probe's.
