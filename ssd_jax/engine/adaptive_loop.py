@@ -35,22 +35,19 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
     cap = the l with the least steps(l) cost(l) (long memory, at batch 1 each alpha_k past the
           current cap raised by EXPLORE standard errors), or the current one unless that is
           SWITCH_MARGIN faster where caps are dispatched per run of steps, and there at batch > 1
-          the next cap up for a run
-          of steps whenever what the batch knows of the first position the current cap never
-          reaches has decayed and the next cap is priced near it (`probe_up`); parts with
-          `takes_cap`, else their static L: SD
-          and BV with one path, PLD and CSD, whose longer caps verify wider, c_draft then being a
-          verified token's cost
+          the next cap up for a run of steps whenever what the batch knows of the first position
+          the current cap never reaches has decayed and the next cap is priced near it
+          (`probe_up`); parts with `takes_cap`, else their static L: SD and BV with one path, PLD
+          and CSD, whose longer caps verify wider, c_draft then being a verified token's cost
     pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
            (not for retrieval, which keeps measuring while it decodes plainly: below)
 
 (at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps,
 RETRIEVAL_ROW_POOLING for retrieval, and for draft models a position's pull towards the row's
 pooled acceptance is scaled by the batch's acceptance there over its pooled one,
-`position_shape`), with n the row's short memory's
-effective number of steps: the noise allowance keeps a chance dip of a few steps from stopping
-speculation that pays on average, while a draft that is truly bad (E near 1, small spread) falls
-back after a few steps.
+`position_shape`), with n the row's short memory's effective number of steps: the noise
+allowance keeps a chance dip of a few steps from stopping speculation that pays on average,
+while a draft that is truly bad (E near 1, small spread) falls back after a few steps.
 At batch 1 these are the ratios E(l) / cost(l) against the break-even 1 / c_ar. Where the loop
 checks every step and dispatches caps per run, the cap and whether it pays are decided after a
 phase's first speculative step and every DECIDE_EVERY-th; elsewhere after every step (every
@@ -321,8 +318,7 @@ def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Arra
     if shape is not None:
         pooled = jnp.clip(pooled * shape, 0.0, 1.0)
     alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
-    if not isinstance(optimism, (int, float)) or optimism:
-        alpha = jnp.minimum(alpha + optimism * jnp.sqrt(alpha * (1 - alpha) / (reached + POOLING)), 1.0)
+    alpha = jnp.minimum(alpha + optimism * jnp.sqrt(alpha * (1 - alpha) / (reached + POOLING)), 1.0)
     return jnp.cumprod(alpha, axis=-1)
 
 
@@ -463,11 +459,13 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         cache = s.decode.tcache
         return jnp.all(s.decode.outputs.done | (cache.lengths + parts.room <= cache.capacity))
 
+    # Retrieval's drafts (point masses read off the context) have a `shadow_tree` (below).
+    shadow = getattr(parts, "shadow_tree", None)
     # Retrieval keeps the flat pooled target: its first position also counts the rows whose lookup
     # found nothing, and with the shape PLD at batch 8 on code at T=0 capped longer and fell back
     # more (mean draft 2.03 against 1.05, 76% of the steps plain against 47%: 0.97x AR, not 1.03x).
-    shaped = batch > 1 and getattr(parts, "shadow_tree", None) is None
-    row_pooling = RETRIEVAL_ROW_POOLING if getattr(parts, "shadow_tree", None) is not None else ROW_POOLING
+    shaped = batch > 1 and shadow is None
+    row_pooling = ROW_POOLING if shadow is None else RETRIEVAL_ROW_POOLING
 
     def pooled(reached, accepted, running_rows):
         """(sums, sums, shape): a row's own, or pulled towards the batch's, with (draft models)
@@ -497,7 +495,6 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # from being measured, and the next block tells (LogitSpec at batch 8 on CPU, T=0: 0.93-1.15x
     # AR without it, 0.91-1.07x with it; a tree step costs 2-3 plain steps). A draft model keeps
     # it: its evidence comes only when the pending buffer is full, up to PENDING_WIDTH tokens later.
-    shadow = getattr(parts, "shadow_tree", None)
     scored = getattr(parts, "learns_while_plain", False)
     measures_plain = shadow is not None or scored
     z_noise = 0.0 if shadow is not None else Z
