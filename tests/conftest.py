@@ -88,8 +88,9 @@ def family(request):
 
 # The default run (`pytest -q`, CI's command) keeps one or two cases of each large matrix below;
 # `pytest -q -m slow` runs the rest (every method x temperature of decode-in-jit, every bf16
-# method, every family's parity and lossless case, the multi-device SSD scripts). Entries are
-# node ids relative to tests/, or a test function's id to mark all its cases.
+# method, every family's parity and lossless case). The multi-device SSD scripts (8-9 s each) stay
+# in the default run: slow-marked, their script went stale against an engine signature unnoticed.
+# Entries are node ids relative to tests/, or a test function's id to mark all its cases.
 SLOW = {
     "test_decode.py::test_decode_in_user_jit_equals_generate_and_greedy_ar": {
         "ar-0.0", "ar-1.0", "sd-0.0", "bv-0.0", "bv-1.0", "specinfer-0.0", "specinfer-1.0", "spectr-0.0",
@@ -114,8 +115,6 @@ SLOW = {
         "gemma-gemma-sd", "gemma2-gemma2-bv", "gemma3_text-gemma3_text-gbv", "phi3-phi3-specinfer", "mixtral-mixtral-spectr",
         "gemma2-mixtral-csd",
         "gemma3_text-None-pld", "phi3-None-logitspec"},
-    "test_ssd.py::test_two_devices_place_each_model_on_its_own_device": None,
-    "test_ssd.py::test_four_devices_groups_of_two": None,
     "test_ssd.py::test_embedded_pair_greedy_equals_autoregressive": None,
     "test_ssd.py::test_sampled_law_with_top_k": None,
     "test_pallas_attention.py::test_greedy_decoding_through_the_kernel_equals_the_reference": {"sd", "logitspec"},

@@ -48,8 +48,10 @@ def test_greedy_equals_autoregressive_batched_and_alone(target, method, options)
     assert out.tokens == reference.tokens
     assert out.finish_reasons == reference.finish_reasons
     assert out.stats["num_draft_tokens"] > 0
-    if options.get("prompt_lookup_min", 1) == 1:
-        assert out.stats["num_accepted_tokens"] > 0  # retrieval hits on the repeated text
+    if options.get("prompt_lookup_min", 1) == 1 and not make(method, **options).adaptive:
+        # Retrieval hits on the repeated text (a fixed length: "auto" may rightly decode this
+        # random model's continuation plainly after its first steps miss; tests/test_adaptive.py).
+        assert out.stats["num_accepted_tokens"] > 0
     alone = ssd_jax.generate(target, prompts[2:3], max_new_tokens=40, method=make(method, **options))
     assert alone.tokens[0] == out.tokens[2]
 
