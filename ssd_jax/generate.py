@@ -290,15 +290,16 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     from ssd_jax.engine import adaptive
     from ssd_jax.engine.ssd import generate_ssd
 
-    options = ssd_engine_options(method)
     if not method.adaptive:
-        return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, **options)
+        return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
+                            **ssd_engine_options(method))
     # "auto": L from the cost model (the draft-model methods' one) and the remembered acceptance.
     start = time.perf_counter()
     costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
                                    method.max_draft_len)
     memory = adaptive.acceptance_key(target, draft, method, sampling)
-    options["num_draft_tokens"] = adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory), method.max_draft_len)
+    options = ssd_engine_options(method, adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory),
+                                                                   method.max_draft_len))
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True,
                        verdict_key=verdict_key, **options)
@@ -308,9 +309,13 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     return out
 
 
-def ssd_engine_options(method: SSD) -> dict:
-    """`ssd_jax.engine.ssd.generate_ssd`'s keyword options from an SSD method object."""
-    return dict(num_draft_tokens=method.draft_len, fanout_budget=method.fanout_budget, fanout=method.fanout,
+def ssd_engine_options(method: SSD, draft_len: int | None = None) -> dict:
+    """`ssd_jax.engine.ssd.generate_ssd`'s keyword options from an SSD method object; draft_len:
+    the length to decode with (None: the method's, which must then be fixed, not "auto")."""
+    draft_len = method.draft_len if draft_len is None else draft_len
+    if not isinstance(draft_len, int):
+        raise TypeError(f"ssd_engine_options needs a fixed draft length, got {draft_len!r}: pass the chosen one")
+    return dict(num_draft_tokens=draft_len, fanout_budget=method.fanout_budget, fanout=method.fanout,
                 saguaro_c=method.saguaro_c, fallback=method.fallback, target_devices=method.target_devices,
                 draft_devices=method.draft_devices, fanout_acceptance=method.fanout_acceptance,
                 fanout_exponent=method.fanout_exponent)

@@ -55,7 +55,7 @@ def run(check: str) -> dict:
 
     def decode(temperature: float, observe=None, **options):
         batch = prepare_prompts(prompts, target.config, 32)
-        kwargs = ssd_engine_options(ssd_jax.SSD(**{"draft_len": 4, **options}))   # placement, not "auto"
+        kwargs = ssd_engine_options(ssd_jax.SSD(**options), draft_len=4)   # placement, not "auto"
         return generate_ssd(target, draft, batch, 32, SamplingParams(temperature=temperature), jax.random.PRNGKey(2),
                             observe=observe, **kwargs)
 
