@@ -69,7 +69,8 @@ their acceptance is token-wise (SD; every method at T=0; CSD's largest drafter, 
 gives the draft its law): plain steps record the target's probability of each token they draw,
 and when the draft catches up it scores itself on them (`chain_counts`: every token a speculative
 step starting there, each worth 1 / PLAIN_BLOCK steps), then the loop decides. Both memories
-start from PRIOR_STEPS steps at the plan's acceptance. Each alpha_k is shrunk towards the
+start from PRIOR_STEPS steps at the plan's acceptance (the long one from BATCH_PRIOR_STEPS where a
+batch of rows caps its drafts with a model). Each alpha_k is shrunk towards the
 acceptance pooled over positions by POOLING steps' worth, so a position whose estimate fell low
 by chance (and that shorter caps then stop measuring) drifts back and is tried again.
 
@@ -97,6 +98,16 @@ from ssd_jax.sampling import SamplingParams
 DECAY = 0.9
 LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
+# ... and for the long memory, which chooses the cap, where a batch of rows drafts with a model
+# and caps its drafts: the plan's acceptance is what earlier calls of the pair measured, and at
+# batch > 1 (no EXPLORE, caps dispatched per run of steps) a switch made on a call's first steps
+# holds. Short prompts accept less over their first ~12 steps (CSD at batch 8, T=0: the mean row's
+# E(4) fell from 3.32 to 2.77), and with 2 steps' worth of prior the loop left cap 4 for cap 2 and
+# stayed there: 56 steps where fixed L=4 took 44 (0.93 of it); with 4 steps' worth, 44. SD at
+# batch 8 on badguess went from 74 to 65 steps (fixed L=2: 64); 3 steps' worth was not enough
+# (short 57); 6 drafted longer on badguess, where L=4 buys nothing (mean draft 3.70 against 2.79
+# at the same 63 steps). Step counts with one calibration shared by the runs (AMD VM).
+BATCH_PRIOR_STEPS = 4.0
 # The fall back's noise allowance, in standard errors of the short memory's tokens per step (at
 # T=1 a step's tokens vary by ~1.5 around ~3, so a 10-step memory dips below break-even by
 # chance; without it SD fell back on 20-30% of the steps of sets where every fixed L paid).
@@ -436,12 +447,15 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
     pending, pending_len = parts.pending(state.inner)
     a = jnp.clip(prior_acceptance, 0.0, 0.999)
-    prior_reached = jnp.broadcast_to(PRIOR_STEPS * a ** (lengths_1_to_L - 1), (batch, L))
-    prior_accepted = jnp.broadcast_to(PRIOR_STEPS * a ** lengths_1_to_L, (batch, L))
+    prior_reached = jnp.broadcast_to(a ** (lengths_1_to_L - 1), (batch, L))
+    prior_accepted = jnp.broadcast_to(a ** lengths_1_to_L, (batch, L))
+    # Retrieval's drafts (point masses read off the context) have a `shadow_tree` (below).
+    shadow = getattr(parts, "shadow_tree", None)
+    long_prior = BATCH_PRIOR_STEPS if batch > 1 and takes_cap and shadow is None else PRIOR_STEPS
     zero = jnp.zeros((), jnp.int32)
-    initial = AdaptiveState(decode=state, reached=prior_reached, accepted=prior_accepted,
-                            long_reached=prior_reached, long_accepted=prior_accepted,
-                            long_steps=jnp.asarray(PRIOR_STEPS, jnp.float32),
+    initial = AdaptiveState(decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
+                            long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
+                            long_steps=jnp.asarray(long_prior, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
                             pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
@@ -459,8 +473,6 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         cache = s.decode.tcache
         return jnp.all(s.decode.outputs.done | (cache.lengths + parts.room <= cache.capacity))
 
-    # Retrieval's drafts (point masses read off the context) have a `shadow_tree` (below).
-    shadow = getattr(parts, "shadow_tree", None)
     # Retrieval keeps the flat pooled target: its first position also counts the rows whose lookup
     # found nothing, and with the shape PLD at batch 8 on code at T=0 capped longer and fell back
     # more (mean draft 2.03 against 1.05, 76% of the steps plain against 47%: 0.97x AR, not 1.03x).
