@@ -106,7 +106,8 @@ PRIOR_STEPS = 2.0
 # stayed there: 56 steps where fixed L=4 took 44 (0.93 of it); with 4 steps' worth, 44. SD at
 # batch 8 on badguess went from 74 to 65 steps (fixed L=2: 64); 3 steps' worth was not enough
 # (short 57); 6 drafted longer on badguess, where L=4 buys nothing (mean draft 3.70 against 2.79
-# at the same 63 steps). Step counts with one calibration shared by the runs (AMD VM).
+# at the same 63 steps). Step counts with one calibration shared by the runs (AMD VM). `probe_up`
+# still counts the prior at PRIOR_STEPS' worth (`extra_prior`): what it waits for is measurement.
 BATCH_PRIOR_STEPS = 4.0
 # The fall back's noise allowance, in standard errors of the short memory's tokens per step (at
 # T=1 a step's tokens vary by ~1.5 around ~3, so a 10-step memory dips below break-even by
@@ -264,7 +265,8 @@ class AdaptiveState:
     """decode: the skeleton's DecodeState; reached, accepted float32 [B, L]: decayed sums over
     speculative steps of whether the row's draft reached position k / had its k-th token
     accepted; long_reached, long_accepted: the same with the long memory, over long_steps
-    float32 [] steps; forward_share float32 []: running average of the draft forwards a step ran
+    float32 [] steps; extra_prior float32 []: the steps' worth of the long memory's prior beyond
+    PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft forwards a step ran
     over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
     the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
@@ -280,6 +282,7 @@ class AdaptiveState:
     long_reached: jax.Array
     long_accepted: jax.Array
     long_steps: jax.Array
+    extra_prior: jax.Array
     forward_share: jax.Array
     spec_steps: jax.Array
     wait: jax.Array
@@ -295,8 +298,9 @@ class AdaptiveState:
 @struct.dataclass
 class Evidence:
     """What the loop's choices read (`AdaptiveState`'s small part): running bool [B], remaining
-    int32 [B] tokens left per row, the memories' sums float32 [B, L], forward_share float32 [],
-    chosen int32 [] (the last choice's cap index)."""
+    int32 [B] tokens left per row, the memories' sums float32 [B, L], probe_reached float32 [B, L]
+    (long_reached with the prior counted at PRIOR_STEPS' worth: `probe_up`'s evidence),
+    forward_share float32 [], chosen int32 [] (the last choice's cap index)."""
 
     running: jax.Array
     remaining: jax.Array
@@ -304,6 +308,7 @@ class Evidence:
     accepted: jax.Array
     long_reached: jax.Array
     long_accepted: jax.Array
+    probe_reached: jax.Array
     forward_share: jax.Array
     chosen: jax.Array
 
@@ -456,6 +461,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     initial = AdaptiveState(decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
                             long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
                             long_steps=jnp.asarray(long_prior, jnp.float32),
+                            extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
                             spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
                             pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
@@ -491,6 +497,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         outputs = s.decode.outputs
         return Evidence(running=~outputs.done, remaining=max_new - outputs.num_out, reached=s.reached,
                         accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
+                        probe_reached=s.long_reached - s.extra_prior * prior_reached,
                         forward_share=s.forward_share, chosen=s.chosen)
 
     def step_costs(e: Evidence) -> jax.Array:
@@ -546,7 +553,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
             # Whether speculation pays is judged at the best cap, not at a probe's.
             probes = dispatch is not None and batch > 1
-            index = probe_up(best, candidate, e.long_reached, e.running, seconds) if probes else best
+            index = probe_up(best, candidate, e.probe_reached, e.running, seconds) if probes else best
         else:
             best = index = jnp.asarray(L - 1, jnp.int32)
         cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
@@ -584,7 +591,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             short, long, weight = DECAY ** steps[:, None], LONG_DECAY ** steps[:, None], jnp.max(steps)
         return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
                          long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
-                         long_steps=LONG_DECAY ** weight * s.long_steps + weight)
+                         long_steps=LONG_DECAY ** weight * s.long_steps + weight,
+                         extra_prior=LONG_DECAY ** weight * s.extra_prior)
 
     def speculative_step(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
         d = s.decode
