@@ -266,8 +266,8 @@ class AdaptiveState:
     speculative steps of whether the row's draft reached position k / had its k-th token
     accepted; long_reached, long_accepted: the same with the long memory, over long_steps
     float32 [] steps; extra_prior float32 []: the steps' worth of the long memory's prior beyond
-    PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft forwards a step ran
-    over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
+    PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft
+    forwards a step ran over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
     the last failed one; pending int32 [B, P], pending_len int32 [B]: tokens the draft has not
     read (ending with cur); pending_law float32 [B, P]: the target's probability of each pending
