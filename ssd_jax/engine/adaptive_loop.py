@@ -369,50 +369,17 @@ def expected_largest_normal(count: jax.Array) -> jax.Array:
     return jax.scipy.special.ndtri((n - 0.375) / (n + 0.25))
 
 
-# Points of the grid `expected_largest` integrates on, over +-LARGEST_SPAN standard deviations.
-LARGEST_POINTS = 64
-LARGEST_SPAN = 5.0
-
-
-def expected_largest(mean: jax.Array, sd: jax.Array, running: jax.Array) -> jax.Array:
-    """E[max_i X_i] over the running rows (bool [B]) for independent X_i ~ N(mean_i, sd_i^2)
-    (mean, sd float32 [B, ...]), float32 [...] (0 where no row runs): x0 + the integral above
-    x0 of 1 - prod_i Phi((x - mean_i) / sd_i), on a grid from x0 = max_i(mean_i - 5 sd_i), below
-    which some row's Phi is ~0, to max_i(mean_i + 5 sd_i), above which every row's is ~1. With
-    equal rows it is mean + z_B sd (z_B `expected_largest_normal`); where one row's mean stands
-    clear of the others', it is that row's mean plus little."""
-    extra = (mean.ndim - 1) * (None,)
-    rows = running[(slice(None),) + extra]
-    sd = jnp.maximum(sd, 1e-6)
-    low = jnp.max(jnp.where(rows, mean - LARGEST_SPAN * sd, -jnp.inf), axis=0)
-    high = jnp.max(jnp.where(rows, mean + LARGEST_SPAN * sd, -jnp.inf), axis=0)
-    low = jnp.where(jnp.any(running), low, 0.0)
-    high = jnp.where(jnp.any(running), high, 0.0)
-    t = jnp.linspace(0.0, 1.0, LARGEST_POINTS, dtype=jnp.float32)[(slice(None),) + (mean.ndim - 1) * (None,)]
-    grid = low + t * (high - low)                                          # [G, ...]
-    log_cdf = jax.scipy.special.log_ndtr((grid[:, None] - mean[None]) / sd[None])   # [G, B, ...]
-    below = jnp.exp(jnp.sum(jnp.where(rows[None], log_cdf, 0.0), axis=1))  # P(max <= x), [G, ...]
-    above = 1.0 - below
-    step = (high - low) / (LARGEST_POINTS - 1)
-    return low + step * (jnp.sum(above, axis=0) - 0.5 * (above[0] + above[-1]))
-
-
 def batch_steps(mean: jax.Array, sd: jax.Array, remaining: jax.Array, running: jax.Array) -> jax.Array:
-    """The steps the batch still needs, float32 [...]: the expected most any running row needs for
-    its remaining tokens at mean +- sd tokens per step (mean, sd float32 [B, ...]; remaining int32
-    [B]; running bool [B]), each row's count a normal of mean r / mean and spread
-    sqrt(r) sd / mean^1.5 (the renewal count's), the largest's expectation `expected_largest`.
-    Rows differ more than chance makes them: at T=0 the embedded pair's batch of 8 took exactly
-    its slowest row's steps (short prompts, CSD at cap 4: 44 steps, the rows 28-44), and adding
-    z_8 spreads to that row (the expected largest of 8 equal rows) priced the batch 4-8 steps
-    high, more so at longer caps, whose spread is larger; the expectation of the largest of
-    unequal rows was within 3 steps of the runs (per-row acceptance measured at cap 8)."""
+    """The steps the batch still needs, float32 [...]: the most any running row needs for its
+    remaining tokens at mean +- sd tokens per step (mean, sd float32 [B, ...]; remaining int32 [B];
+    running bool [B]): r / mean + z_B sqrt(r) sd / mean^1.5, with z_B the expected largest of the
+    running rows' standardised spreads (`expected_largest_normal`)."""
     extra = (mean.ndim - 1) * (None,)
     r = jnp.maximum(remaining, 0).astype(jnp.float32)[(slice(None),) + extra]
     mean = jnp.maximum(mean, 1.0)
-    if mean.shape[0] == 1:
-        return jnp.where(running[0], r[0] / mean[0], 0.0)
-    return expected_largest(r / mean, jnp.sqrt(r) * sd / mean ** 1.5, running)
+    z = expected_largest_normal(jnp.sum(running))
+    steps = r / mean + z * jnp.sqrt(r) * sd / mean ** 1.5
+    return jnp.max(jnp.where(running[(slice(None),) + extra], steps, 0.0), axis=0)
 
 
 def toward_batch(reached: jax.Array, accepted: jax.Array, running: jax.Array,
