@@ -6,6 +6,10 @@ acceptance remembered by "auto" (and its verdicts to decode plainly from the sta
 each set, so every set starts from the prior.
 Calibrations are measured in the run itself (kept in memory, not read from or written to the
 on-disk store, `ssd_jax.engine.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
+--record-calibrations FILE keeps what the run measured, and --replay-calibrations FILE hands a
+later run (on another variant of the loop, with the same options) those prices instead of
+measuring (`benchmarks/calibration_replay.py`): each process's calibration differs enough to flip
+near-tie choices, so only then do two variants' tables differ where their code does.
 
 Prompt sets (the embedded pair's tokenizer):
   code      held-out stdlib code, 128-token prompts (the draft's home ground)
@@ -37,6 +41,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssd_jax  # noqa: E402
+from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E402
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
@@ -127,33 +132,10 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sets", default="code,repeat,short,badguess")
-    parser.add_argument("--method", default="sd")
-    parser.add_argument("--batch", default="1,8")
-    parser.add_argument("--temperatures", default="0,1")
-    parser.add_argument("--lengths", default="1,2,3,4,5,6,7,8")
-    parser.add_argument("--thresholds", default=None, help="auto's early-stop thresholds (default: the method's)")
-    parser.add_argument("--tree-sizes", default="8,16,32,64", help="LogitSpec's tree sizes (at L=5)")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="timed rounds per call; the x AR columns are medians over rounds of paired ratios")
-    parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
-    parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"), help=OUT_HELP)
-    args = parser.parse_args()
-    args.out = output_stem(args.out)
-    try:
-        sizes = batch_sizes(args.batch, args.prompts)
-    except ValueError as err:
-        parser.error(str(err))
-
-    target, draft = ssd_jax.default_models(draft=args.draft_model)
-    default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)
-    thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else [default_threshold]
-    lengths = [int(n) for n in args.lengths.split(",") if n]
-    tree_sizes = [int(n) for n in args.tree_sizes.split(",") if n] if args.method == "logitspec" else []
+def measure(args, target, draft, sizes: list[int], lengths: list[int], thresholds: list[float | None],
+            tree_sizes: list[int]) -> list[dict]:
+    """Every set x temperature x batch size's case (AR, the fixed settings and auto, paired),
+    printed and written to args.out + ".json" as each is done."""
     results = []
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)
@@ -199,6 +181,48 @@ def main() -> None:
                 write_json(args.out + ".json", dict(machine=machine_info(), method=args.method,
                                                    draft_model=args.draft_model, new_tokens=args.new_tokens,
                                                    repeats=args.repeats, results=results))
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sets", default="code,repeat,short,badguess")
+    parser.add_argument("--method", default="sd")
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--temperatures", default="0,1")
+    parser.add_argument("--lengths", default="1,2,3,4,5,6,7,8")
+    parser.add_argument("--thresholds", default=None, help="auto's early-stop thresholds (default: the method's)")
+    parser.add_argument("--tree-sizes", default="8,16,32,64", help="LogitSpec's tree sizes (at L=5)")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed rounds per call; the x AR columns are medians over rounds of paired ratios")
+    parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
+    parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"), help=OUT_HELP)
+    replay = parser.add_mutually_exclusive_group()
+    replay.add_argument("--record-calibrations", metavar="FILE", help="write the calibrations measured to FILE (JSON)")
+    replay.add_argument("--replay-calibrations", metavar="FILE",
+                        help="use FILE's calibrations (from --record-calibrations, same options) instead of measuring")
+    args = parser.parse_args()
+    if args.replay_calibrations and not os.path.exists(args.replay_calibrations):
+        parser.error(f"--replay-calibrations {args.replay_calibrations}: no such file "
+                     f"(make it with --record-calibrations)")
+    args.out = output_stem(args.out)
+    try:
+        sizes = batch_sizes(args.batch, args.prompts)
+    except ValueError as err:
+        parser.error(str(err))
+
+    target, draft = ssd_jax.default_models(draft=args.draft_model)
+    default_threshold = getattr(ssd_jax.methods.METHOD_CLASSES[args.method](), "threshold", None)
+    thresholds = [float(t) for t in args.thresholds.split(",")] if args.thresholds else [default_threshold]
+    lengths = [int(n) for n in args.lengths.split(",") if n]
+    tree_sizes = [int(n) for n in args.tree_sizes.split(",") if n] if args.method == "logitspec" else []
+    try:
+        with calibrations(args.record_calibrations, args.replay_calibrations):
+            results = measure(args, target, draft, sizes, lengths, thresholds, tree_sizes)
+    except ReplayError as err:
+        raise SystemExit(f"bench_adaptive: {err}") from None
     plot(results, args.out + ".png")
     print(f"\nwrote {args.out}.json and {args.out}.png")
 

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -94,3 +95,32 @@ def test_results_are_written_whole(tmp_path):
     path = write_json(str(tmp_path / "sub" / "result.json"), {"speedup": 1.5})
     assert json.loads(open(path).read()) == {"speedup": 1.5}
     assert os.listdir(tmp_path / "sub") == ["result.json"]   # no temporary file left behind
+
+
+def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
+    """Loop variants are compared under one set of step prices (`benchmarks/calibration_replay.py`):
+    what one run measured is returned, in order, to the next instead of measuring; a file that
+    runs out or was recorded for another program is refused, naming it."""
+    from benchmarks import calibration_replay
+    from ssd_jax.engine import adaptive
+
+    measured = iter([(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)])
+    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: next(measured))
+    size = 4 + len(adaptive.FORCE_SPECULATION) - 3   # loop inputs of a program whose calibration has 4 entries
+    args = (None, np.zeros(size))
+    path = str(tmp_path / "cal.json")
+    with calibration_replay.calibrations(record=path):
+        first = [adaptive._calibrate(None, args, None, True) for _ in range(2)]
+    assert first == [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)]
+    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: pytest.fail("measured while replaying"))
+    with calibration_replay.calibrations(replay=path):
+        again = [adaptive._calibrate(None, args, None, True) for _ in range(2)]
+        with pytest.raises(calibration_replay.ReplayError, match="holds 2 calibrations"):
+            adaptive._calibrate(None, args, None, True)
+    assert again == first
+    with calibration_replay.calibrations(replay=path):
+        with pytest.raises(calibration_replay.ReplayError, match="has 4 entries, the program takes 5"):
+            adaptive._calibrate(None, (None, np.zeros(size + 1)), None, True)
+    with pytest.raises(ValueError, match="not both"):
+        with calibration_replay.calibrations(record=path, replay=path):
+            pass
