@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 
+from benchmarks.common import write_json
 from ssd_jax.engine import adaptive
 
 
@@ -25,7 +26,7 @@ class ReplayError(RuntimeError):
 @contextmanager
 def calibrations(record: str | None = None, replay: str | None = None):
     """Within the block, `ssd_jax.engine.adaptive._calibrate` records what it measures, in call
-    order, to the JSON file `record` (rewritten after each), or returns the entries of the file
+    order, to the JSON file `record` (rewritten whole after each), or returns the entries of the file
     `replay` in order instead of measuring (ReplayError when they run out or differ in length
     from what the program's loop takes). Neither: measured as usual."""
     if record and replay:
@@ -45,7 +46,7 @@ def calibrations(record: str | None = None, replay: str | None = None):
                 raise ReplayError(f"{replay} holds {len(entries)} calibrations; this run needs more "
                                   f"(program {index + 1}): record it with the same options (method, sets, "
                                   f"temperatures, batch sizes, lengths)")
-            size = int(args[-1].shape[0]) - len(adaptive.FORCE_SPECULATION) + 3
+            size = adaptive.calibration_length(int(args[-1].shape[0]))
             if len(entries[index]) != size:
                 raise ReplayError(f"calibration {index + 1} of {replay} has {len(entries[index])} entries, "
                                   f"the program takes {size}: recorded for another configuration")
@@ -53,8 +54,7 @@ def calibrations(record: str | None = None, replay: str | None = None):
         measured = measure(executable, args, costs, takes_cap, table_caps)
         if record:
             entries.append([float(x) for x in measured])
-            with open(record, "w") as f:
-                json.dump(entries, f)
+            write_json(record, entries)   # whole, after each: a run that stops keeps what it measured
         return measured
 
     adaptive._calibrate = calibrate

@@ -516,6 +516,12 @@ def force_cap(cap: int) -> np.ndarray:
     return forced
 
 
+def calibration_length(num_inputs: int) -> int:
+    """The entries of a calibration (`_calibrate`: three costs, then one step time per cap) of a
+    loop taking num_inputs cost inputs (`ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS` + L)."""
+    return num_inputs - len(FORCE_SPECULATION) + 3
+
+
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
                       takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself (args:
@@ -545,7 +551,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         return np.asarray(planned, np.float32)
     with _COSTS_LOCK:
         calibration = _CALIBRATION.lookup(program_key)
-    size = len(planned) - len(FORCE_SPECULATION) + 3   # the calibration's length
+    size = calibration_length(len(planned))
     if calibration is None:
         stored = calibration_store.path_for(executable)
         calibration = calibration_store.load(stored)
