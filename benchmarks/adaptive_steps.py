@@ -12,7 +12,12 @@ For each prompt set and temperature it prints, per call of "auto" (the acceptanc
 between calls is kept, as in `bench_adaptive.py`, and cleared between sets): the target calls the
 batch took, the mean draft length and the share of steps decoded plainly. `--rows` adds the fixed
 lengths' step counts of the batch and of each prompt alone (at T=0 a batch takes exactly its
-slowest row's count: what the loop's model of a batch's steps is judged against).
+slowest row's count: what the loop's model of a batch's steps is judged against). `--priced`
+adds each call's steps by cap (the `steps_by_cap` stat) and prices the call and each fixed
+length's batch at the program's step prices (its `loop_costs`: the step seconds its calibration
+timed at each cap; `benchmarks/step_prices.py`): "auto" against the best fixed length as the
+loop's own prices see it, which at T=0 is exact and free of the machine's noise (it leaves out
+the loop's overhead over a fixed length's program, which only a timed run shows).
 
     python benchmarks/adaptive_steps.py --method csd --sets short,badguess --temperatures 0 \
         --record /tmp/cal.json                  # variant A
@@ -40,6 +45,7 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, output_stem, write_json  # noqa: E402
+from benchmarks.step_prices import priced_seconds, step_price  # noqa: E402
 from ssd_jax.engine import adaptive, plain_verdicts, ssd_auto  # noqa: E402
 
 
@@ -53,7 +59,7 @@ def run(args) -> list[dict]:
     target, draft = ssd_jax.default_models(draft=args.draft_model)
     probe = method_for(args.method, "auto")
     model_draft = draft if probe.drafts_with_model else None
-    lengths = [int(n) for n in args.lengths.split(",") if n] if args.rows else []
+    lengths = [int(n) for n in args.lengths.split(",") if n] if args.rows or args.priced else []
     out = []
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.batch)
@@ -65,25 +71,49 @@ def run(args) -> list[dict]:
             for call in range(args.calls):
                 o = ssd_jax.generate(target, prompts, max_new_tokens=args.new_tokens, method=probe,
                                      draft=model_draft, temperature=temperature, key=jax.random.PRNGKey(call))
+                by_cap = [int(n) for n in o.stats.get("steps_by_cap", [])]
                 calls.append(dict(target_calls=int(o.stats["target_calls"]),
                                   mean_draft_len=float(o.stats.get("mean_draft_len", 0.0)),
-                                  ar_fallback_share=float(o.stats.get("ar_fallback_share", 0.0))))
+                                  ar_fallback_share=float(o.stats.get("ar_fallback_share", 0.0)),
+                                  steps_by_cap=by_cap,
+                                  plain_steps=int(o.stats["target_calls"]) - 1 - sum(by_cap),
+                                  loop_costs=[float(x) for x in o.stats.get("loop_costs", [])]))
             case = dict(set=set_name, temperature=temperature, calls=calls, fixed={})
             for n in lengths:
                 fixed = method_for(args.method, n)
                 batch = ssd_jax.generate(target, prompts, max_new_tokens=args.new_tokens, method=fixed,
                                          draft=model_draft, temperature=temperature, key=jax.random.PRNGKey(0))
-                rows = [int(ssd_jax.generate(target, [p], max_new_tokens=args.new_tokens, method=fixed,
-                                             draft=model_draft, temperature=temperature,
-                                             key=jax.random.PRNGKey(i)).stats["target_calls"])
-                        for i, p in enumerate(prompts)]
-                case["fixed"][str(n)] = dict(batch=int(batch.stats["target_calls"]), rows=rows)
+                entry = dict(batch=int(batch.stats["target_calls"]))
+                if args.rows:
+                    entry["rows"] = [int(ssd_jax.generate(target, [p], max_new_tokens=args.new_tokens, method=fixed,
+                                                          draft=model_draft, temperature=temperature,
+                                                          key=jax.random.PRNGKey(i)).stats["target_calls"])
+                                     for i, p in enumerate(prompts)]
+                case["fixed"][str(n)] = entry
+            # The program's prices, the same for every call (a call run as plain decoding from
+            # the start, `plain_verdicts`, reports none: its steps are priced at the program's).
+            prices = next((c["loop_costs"] for c in reversed(calls) if c["loop_costs"]), [])
+            if args.priced and prices and lengths:
+                # Each fixed length's steps at the auto program's price of that cap: how "auto"'s
+                # choices compare, free of the machine's noise and of the loop's own overhead.
+                fixed_seconds = {n: (case["fixed"][str(n)]["batch"] - 1) * step_price(prices, n) for n in lengths}
+                best = min(fixed_seconds, key=fixed_seconds.get)
+                for c in calls:
+                    c["priced_of_best_fixed"] = fixed_seconds[best] / priced_seconds(
+                        c["loop_costs"] or prices, c["steps_by_cap"], c["plain_steps"])
+                case["priced_best_fixed"] = best
             out.append(case)
             line = " ".join(f"{c['target_calls']}({c['mean_draft_len']:.2f},{c['ar_fallback_share']:.2f})"
                             for c in calls)
             print(f"{set_name} T={temperature:g}: auto steps(mean draft, plain share) {line}", flush=True)
+            if "priced_best_fixed" in case:
+                caps = " ".join("{" + ", ".join([f"{cap}: {n}" for cap, n in enumerate(c["steps_by_cap"], start=1) if n]
+                                                + ([f"plain: {c['plain_steps']}"] if c["plain_steps"] else [])) + "}"
+                                for c in calls)
+                ratios = " ".join(f"{c['priced_of_best_fixed']:.3f}" for c in calls)
+                print(f"    steps by cap {caps}; priced {ratios} of L={case['priced_best_fixed']}", flush=True)
             for n, f in case["fixed"].items():
-                print(f"    L={n}: batch {f['batch']}, rows {f['rows']}", flush=True)
+                print(f"    L={n}: batch {f['batch']}" + (f", rows {f['rows']}" if "rows" in f else ""), flush=True)
     return out
 
 
@@ -97,7 +127,10 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=3, help="calls of auto per set and temperature")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rows", action="store_true", help="also each fixed length's batch and per-prompt steps")
-    parser.add_argument("--lengths", default="2,4,8", help="the fixed lengths of --rows")
+    parser.add_argument("--priced", action="store_true",
+                        help="also each fixed length's batch steps, and every call priced against the best of them "
+                             "at the program's step prices (the step seconds its calibration timed at each cap)")
+    parser.add_argument("--lengths", default="2,4,8", help="the fixed lengths of --rows and --priced")
     parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--record", help="write the calibrations measured to this JSON file")

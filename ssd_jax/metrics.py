@@ -9,7 +9,9 @@ accepted; acceptance_rate = accepted / drafted; mean_acceptance_length = 1 + acc
 Adaptive speculation adds num_rejected (drafts that ended in a rejection: the acceptance model's
 evidence), ar_steps (loop steps that fell back to plain decoding), draft_forwards (the draft
 forwards the loop ran after each step's catch-up, the batch's: a step drafts until its last row
-stops), mean_draft_len and ar_fallback_share (ar_steps / decode steps).
+stops), steps_by_cap (the batch's speculative steps at each cap 1..L the loop chose; with the
+calibrated step prices this says what a call cost, where mean_draft_len mixes caps and rows),
+mean_draft_len and ar_fallback_share (ar_steps / decode steps).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from flax import struct
 @struct.dataclass
 class SpecCounters:
     """num_drafts int32 [B]; num_drafted int32 [B]; num_accepted int32 [B]; per_position int32 [B, L];
-    target_calls int32 []; num_rejected int32 [B]; ar_steps int32 [B]; draft_forwards int32 []."""
+    target_calls int32 []; num_rejected int32 [B]; ar_steps int32 [B]; draft_forwards int32 [];
+    cap_steps int32 [L]: speculative steps by cap 1..L (adaptive loops only; else zeros)."""
 
     num_drafts: jax.Array
     num_drafted: jax.Array
@@ -33,6 +36,7 @@ class SpecCounters:
     num_rejected: jax.Array
     ar_steps: jax.Array
     draft_forwards: jax.Array
+    cap_steps: jax.Array
 
     @classmethod
     def zeros(cls, batch: int, num_draft_tokens: int) -> "SpecCounters":
@@ -40,7 +44,8 @@ class SpecCounters:
                    num_accepted=jnp.zeros((batch,), jnp.int32),
                    per_position=jnp.zeros((batch, num_draft_tokens), jnp.int32),
                    target_calls=jnp.ones((), jnp.int32), num_rejected=jnp.zeros((batch,), jnp.int32),
-                   ar_steps=jnp.zeros((batch,), jnp.int32), draft_forwards=jnp.zeros((), jnp.int32))
+                   ar_steps=jnp.zeros((batch,), jnp.int32), draft_forwards=jnp.zeros((), jnp.int32),
+                   cap_steps=jnp.zeros((num_draft_tokens,), jnp.int32))
 
     def record(self, active: jax.Array, num_accepted: jax.Array, num_drafted: jax.Array | None = None,
                draft_forwards: jax.Array | None = None) -> "SpecCounters":
@@ -58,6 +63,10 @@ class SpecCounters:
                             per_position=self.per_position + positions, target_calls=self.target_calls + 1,
                             num_rejected=self.num_rejected + rejected,
                             draft_forwards=self.draft_forwards + forwards)
+
+    def record_cap(self, cap: jax.Array) -> "SpecCounters":
+        """One speculative step of an adaptive loop at cap int32 [] (1..L; one past L is dropped)."""
+        return self.replace(cap_steps=self.cap_steps.at[cap - 1].add(1, mode="drop"))
 
     def record_ar_step(self, active: jax.Array) -> "SpecCounters":
         """One loop step that fell back to plain decoding (a target call, no draft) for the
@@ -85,4 +94,5 @@ def speculative_stats(counters: SpecCounters, num_out: np.ndarray) -> dict:
         mean_draft_len=drafted / drafts if drafts else 0.0,
         ar_fallback_share=ar_steps / (drafts + ar_steps) if drafts + ar_steps else 0.0,
         num_rejected=int(np.sum(counters.num_rejected)),
+        steps_by_cap=np.asarray(counters.cap_steps).tolist(),
     )

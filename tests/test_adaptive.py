@@ -15,6 +15,7 @@ from ssd_jax.engine import adaptive, adaptive_loop
 from ssd_jax.engine.decoder import decode_arrays
 from ssd_jax.engine.prompts import row_keys
 from ssd_jax.errors import InputError
+from ssd_jax.metrics import speculative_stats
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.verify import block_tables, tokenwise_tables
 from spec_models import exact_law, law_pair, llama, pair
@@ -523,6 +524,9 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     assert counters.ar_steps.sum() == 0 and np.all(counters.num_drafted == 2 * counters.num_drafts)
+    # The steps_by_cap stat: every step the batch ran, all at the forced cap.
+    assert counters.cap_steps.tolist() == [0, int(counters.target_calls) - 1, 0, 0, 0, 0]
+    assert speculative_stats(counters, np.asarray(out.num_tokens))["steps_by_cap"] == counters.cap_steps.tolist()
 
 
 def test_batch_steps_are_the_slowest_running_rows():

@@ -124,3 +124,19 @@ def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="not both"):
         with calibration_replay.calibrations(record=path, replay=path):
             pass
+
+
+def test_a_call_is_priced_by_its_steps_at_each_cap():
+    """`adaptive_steps.py --priced` (`benchmarks/step_prices.py`): a step at a cap the calibration
+    timed costs that time, at an untimed cap the speculative step plus a draft forward per extra
+    token, a plain step the AR step; a call's seconds sum its steps (which at T=0 compares two
+    loops' choices exactly)."""
+    from benchmarks.step_prices import priced_seconds, step_price
+
+    # The loop's cost inputs: AR, spec, forward, prior, forced cap; then caps 1, 2, (3), 4 timed.
+    loop_costs = [1.0, 1.2, 0.1, 0.7, 0.0, 1.25, 1.5, 0.0, 2.0]
+    assert step_price(loop_costs, 0) == 1.0
+    assert step_price(loop_costs, 2) == 1.5 and step_price(loop_costs, 4) == 2.0
+    assert step_price(loop_costs, 3) == pytest.approx(1.2 + 2 * 0.1)
+    assert step_price(loop_costs, 6) == pytest.approx(1.2 + 5 * 0.1)   # past the timed table
+    assert priced_seconds(loop_costs, [0, 10, 0, 5], plain_steps=3) == pytest.approx(10 * 1.5 + 5 * 2.0 + 3 * 1.0)

@@ -606,6 +606,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         else:
             verdict = parts.step(d, step_keys, active, cap=cap, width=width)
         d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
+        d = d.replace(counters=d.counters.record_cap(cap if takes_cap else jnp.asarray(L, jnp.int32)))
         reached, hit = position_counts(verdict, active, L)
         if verdict.draft_forwards is None or L == 1:
             share = s.forward_share
