@@ -55,6 +55,14 @@ def method_for(name: str, length):
     return ssd_jax.methods.METHOD_CLASSES[name](**{field: length})
 
 
+def steps_by_kind(call: dict) -> str:
+    """A call's steps by cap and its plain steps, e.g. "{2: 43, 4: 13, plain: 4}"."""
+    parts = [f"{cap}: {n}" for cap, n in enumerate(call["steps_by_cap"], start=1) if n]
+    if call["plain_steps"]:
+        parts.append(f"plain: {call['plain_steps']}")
+    return "{" + ", ".join(parts) + "}"
+
+
 def run(args) -> list[dict]:
     target, draft = ssd_jax.default_models(draft=args.draft_model)
     probe = method_for(args.method, "auto")
@@ -107,9 +115,7 @@ def run(args) -> list[dict]:
                             for c in calls)
             print(f"{set_name} T={temperature:g}: auto steps(mean draft, plain share) {line}", flush=True)
             if "priced_best_fixed" in case:
-                caps = " ".join("{" + ", ".join([f"{cap}: {n}" for cap, n in enumerate(c["steps_by_cap"], start=1) if n]
-                                                + ([f"plain: {c['plain_steps']}"] if c["plain_steps"] else [])) + "}"
-                                for c in calls)
+                caps = " ".join(steps_by_kind(c) for c in calls)
                 ratios = " ".join(f"{c['priced_of_best_fixed']:.3f}" for c in calls)
                 print(f"    steps by cap {caps}; priced {ratios} of L={case['priced_best_fixed']}", flush=True)
             for n, f in case["fixed"].items():
