@@ -31,6 +31,7 @@ Writes STEM.json (default benchmarks/results/adaptive_steps.json; it holds no "r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -40,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ["SSD_JAX_CALIBRATION_DIR"] = ""
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 
 import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
@@ -47,6 +49,24 @@ from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E40
 from benchmarks.common import RESULTS_DIR, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.step_prices import priced_seconds, step_price  # noqa: E402
 from ssd_jax.engine import adaptive, plain_verdicts, ssd_auto  # noqa: E402
+
+
+def adopt_loop_policy(name: str) -> None:
+    """This process's backend policy takes the adaptive loop's fields of backend `name`'s
+    (`ssd_jax.backend.POLICIES`); its other fields (dtype, attention) stay this machine's."""
+    from ssd_jax import backend
+
+    here = backend.default_platform()
+    loop_fields = {field: getattr(backend.POLICIES[name], field)
+                   for field in ("adaptive_steps_per_check", "adaptive_switch_per_step", "adaptive_scan_from_batch")}
+    backend.POLICIES[here] = dataclasses.replace(backend.POLICIES[here], **loop_fields)
+
+
+def summed(counts: list[list[int]]) -> list[int]:
+    """Elementwise sums of lists of step counts of unequal lengths (a call that decoded plainly
+    throughout reports none)."""
+    width = max((len(c) for c in counts), default=0)
+    return [sum(c[i] for c in counts if i < len(c)) for i in range(width)]
 
 
 def method_for(name: str, length):
@@ -70,28 +90,35 @@ def run(args) -> list[dict]:
     lengths = [int(n) for n in args.lengths.split(",") if n] if args.rows or args.priced else []
     out = []
     for set_name in args.sets.split(","):
-        prompts = prompt_set(set_name, target.tokenizer, args.batch)
+        prompts = prompt_set(set_name, target.tokenizer, args.prompts)
+        chunks = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
         for temperature in (float(t) for t in args.temperatures.split(",")):
             adaptive.ACCEPTANCE.clear()
             ssd_auto.forget()
             plain_verdicts.forget()
             calls = []
             for call in range(args.calls):
-                o = ssd_jax.generate(target, prompts, max_new_tokens=args.new_tokens, method=probe,
-                                     draft=model_draft, temperature=temperature, key=jax.random.PRNGKey(call))
-                by_cap = [int(n) for n in o.stats.get("steps_by_cap", [])]
-                calls.append(dict(target_calls=int(o.stats["target_calls"]),
-                                  mean_draft_len=float(o.stats.get("mean_draft_len", 0.0)),
-                                  ar_fallback_share=float(o.stats.get("ar_fallback_share", 0.0)),
+                # One "call" of the table: every chunk of --batch rows in turn, its steps summed.
+                outs = [ssd_jax.generate(target, chunk, max_new_tokens=args.new_tokens, method=probe, draft=model_draft,
+                                         temperature=temperature, key=jax.random.PRNGKey(call))
+                        for chunk in chunks]
+                by_cap = summed([[int(n) for n in o.stats.get("steps_by_cap", [])] for o in outs])
+                steps = sum(int(o.stats["target_calls"]) - 1 for o in outs)
+                calls.append(dict(target_calls=steps + 1,
+                                  mean_draft_len=float(np.mean([o.stats.get("mean_draft_len", 0.0) for o in outs])),
+                                  ar_fallback_share=float(np.mean([o.stats.get("ar_fallback_share", 0.0) for o in outs])),
                                   steps_by_cap=by_cap,
-                                  plain_steps=int(o.stats["target_calls"]) - 1 - sum(by_cap),
-                                  loop_costs=[float(x) for x in o.stats.get("loop_costs", [])]))
+                                  plain_steps=steps - sum(by_cap),
+                                  loop_costs=next(([float(x) for x in o.stats["loop_costs"]] for o in reversed(outs)
+                                                   if o.stats.get("loop_costs")), [])))
             case = dict(set=set_name, temperature=temperature, calls=calls, fixed={})
             for n in lengths:
                 fixed = method_for(args.method, n)
-                batch = ssd_jax.generate(target, prompts, max_new_tokens=args.new_tokens, method=fixed,
-                                         draft=model_draft, temperature=temperature, key=jax.random.PRNGKey(0))
-                entry = dict(batch=int(batch.stats["target_calls"]))
+                batch_steps = sum(int(ssd_jax.generate(target, chunk, max_new_tokens=args.new_tokens, method=fixed,
+                                                       draft=model_draft, temperature=temperature,
+                                                       key=jax.random.PRNGKey(0)).stats["target_calls"]) - 1
+                                  for chunk in chunks)
+                entry = dict(batch=batch_steps + 1)
                 if args.rows:
                     entry["rows"] = [int(ssd_jax.generate(target, [p], max_new_tokens=args.new_tokens, method=fixed,
                                                           draft=model_draft, temperature=temperature,
@@ -130,6 +157,9 @@ def main() -> None:
     parser.add_argument("--sets", default="code,repeat,short,badguess")
     parser.add_argument("--temperatures", default="0")
     parser.add_argument("--batch", type=int, default=8, help="rows per call (the prompts of each set)")
+    parser.add_argument("--prompts", type=int, default=None,
+                        help="prompts per set (default: --batch), run --batch rows at a time; a call's steps are "
+                             "summed over them")
     parser.add_argument("--calls", type=int, default=3, help="calls of auto per set and temperature")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--rows", action="store_true", help="also each fixed length's batch and per-prompt steps")
@@ -138,24 +168,33 @@ def main() -> None:
                              "at the program's step prices (the step seconds its calibration timed at each cap)")
     parser.add_argument("--lengths", default="2,4,8", help="the fixed lengths of --rows and --priced")
     parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
+    parser.add_argument("--loop-policy", choices=("native", "gpu", "tpu"), default="native",
+                        help="run the adaptive loop as that backend's policy shapes it (its checks per step, "
+                             "per-step switch, caps dispatched from which batch) on this machine: with --replay "
+                             "of that backend's prices, its choices at T=0 (up to float32 against bf16 tokens)")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--record", help="write the calibrations measured to this JSON file")
     group.add_argument("--replay", help="use the calibrations of this JSON file (from --record) instead of measuring")
     parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "adaptive_steps"),
                         help="path stem of the results: STEM.json (a trailing .json is dropped)")
     args = parser.parse_args()
-    if args.batch < 1 or args.calls < 1:
-        parser.error(f"--batch and --calls must be >= 1, got {args.batch} and {args.calls}")
+    args.prompts = args.batch if args.prompts is None else args.prompts
+    if args.batch < 1 or args.calls < 1 or args.prompts < 1 or args.prompts % args.batch:
+        parser.error(f"--batch and --calls must be >= 1 and --prompts a multiple of --batch, got {args.batch}, "
+                     f"{args.calls} and {args.prompts}")
     if args.replay and not os.path.exists(args.replay):
         parser.error(f"--replay {args.replay}: no such file (make it with --record)")
     stem = output_stem(args.out)
+    if args.loop_policy != "native":
+        adopt_loop_policy(args.loop_policy)
     try:
         with calibrations(args.record, args.replay):
             cases = run(args)
     except ReplayError as err:
         raise SystemExit(f"adaptive_steps: {err}") from None
     write_json(stem + ".json", dict(machine=machine_info(), method=args.method, batch=args.batch,
-                                    new_tokens=args.new_tokens, record=args.record, replay=args.replay,
+                                    prompts=args.prompts, new_tokens=args.new_tokens, record=args.record, replay=args.replay,
+                                    loop_policy=args.loop_policy,
                                     cases=cases))
     print(f"wrote {stem}.json")
 

@@ -271,8 +271,8 @@ def gpu_adaptive_policy(monkeypatch, steps_per_check: int = 4) -> None:
 @pytest.mark.parametrize("rows", [1, 2])
 def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
     """The GPU policy's loop (checks every 4 steps, the widest verification, SD's caps dispatched
-    at batch 1): speculative and plain blocks, steps after a row (or every row) is done, the
-    draft catching up: the AR tokens."""
+    at batch 1): speculative and plain blocks, steps after a row is done, the draft catching up:
+    the AR tokens."""
     gpu_adaptive_policy(monkeypatch)
     target, draft = models
     prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]][:rows]
@@ -284,10 +284,43 @@ def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
                   draft_len=3)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
-    # Each probe (or speculative phase) is a block of 4 speculative steps; at least 4 plain blocks
+    # Each speculative phase is its first step, then blocks of 4 speculative steps; at least 4 plain blocks
     # (CSD at one row: 29 plain steps and 28 speculative in 7 phases, its draft scoring itself on
     # the tokens plain steps drew).
     assert counters.ar_steps.min() >= 16 and counters.num_drafts.min() >= 4
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gpu_loop_runs_no_idle_steps_at_the_end_of_a_call(models, rows, monkeypatch):
+    """Under the GPU policy's checks every 4 steps, a call's tail runs one step at a time once the
+    running row with the most tokens left could finish inside a block, so no step runs after every
+    row is done (a block used to finish its 4 steps: up to 3 idle steps a call), whatever the
+    length; and the tokens stay AR's."""
+    gpu_adaptive_policy(monkeypatch)
+    target, draft = models
+    prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]][:rows]
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    for max_new in (29, 30, 31, 32):
+        ar = ssd_jax.generate(target, prompts, max_new_tokens=max_new)
+        out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), adaptive.force_cap(3), SamplingParams(),
+                      row_keys(None, rows), max_new, draft_len=3)
+        assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+        counters = jax.device_get(out.counters["spec"])
+        assert counters.ar_steps.max() == 0
+        assert_no_idle_steps(counters)
+
+
+def test_gpu_loop_decides_after_a_phase_s_first_step(tiny_models, monkeypatch):
+    """Under the GPU policy a phase's first speculative step runs alone and is decided on, as on
+    every backend: where speculation does not pay, each probe is one speculative step, not a block
+    of 4 (BV at T=1 probes; a probe that fails doubles the wait before the next)."""
+    gpu_adaptive_policy(monkeypatch)
+    target, draft = tiny_models
+    out = _decode(target, draft, [[0, 2, 1, 0, 2]] * 4, ssd_jax.BV(draft_len="auto"), FALL_BACK,
+                  SamplingParams(temperature=1.0), jax.random.split(jax.random.PRNGKey(1), 4), 60, draft_len=2)
+    counters = jax.device_get(out.counters["spec"])
+    # Two probes over 60 tokens here: 2 speculative steps (8 when each probe was a block of 4).
+    assert 1 <= int(np.max(counters.num_drafts)) <= 3 and counters.ar_steps.min() >= 50
 
 
 def test_pld_dispatches_its_caps_per_run_of_steps_at_batch_above_one(models, monkeypatch):
@@ -345,8 +378,8 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
     picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
     the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap.
-    "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps, with steps run
-    after every row is done. Retrieval, SD and CSD never probe (they learn while decoding plainly;
+    "blocks_of_2": the GPU policy's loop, checking and choosing every 2 steps (a phase's first
+    step and the call's tail one at a time). Retrieval, SD and CSD never probe (they learn while decoding plainly;
     SD's and CSD's plain steps record the target's probability of each token for the draft's
     scoring): their "then plain" costs pay at first, then not. BV and GBV at T=1 still probe.
     "one-path-capped": the multi-path methods with the one path "auto" chooses on CPU, each step

@@ -45,6 +45,18 @@ def test_the_newest_measurement_of_a_cell_wins(tmp_path):
     assert row["vs_ar"] == (1.2, 1.3) and row["misses"] == {} and row["machines"] == ["2-core AMD EPYC"]
 
 
+def test_a_superseded_file_is_left_out(tmp_path):
+    """A file measured on a loop the library no longer runs gives no cell, even where it alone has
+    the cell or is the newest."""
+    kept = _write(tmp_path / "adaptive_kept.json", "2026-11-24", [_case("code", 1.10, 0.97)])
+    gone = tmp_path / "adaptive_gone.json"
+    _write(gone, "2026-11-26", [_case("code", 0.90, 0.80), _case("short", 0.95, 0.79)])
+    data = json.loads(gone.read_text())
+    gone.write_text(json.dumps(dict(data, superseded="before the GPU loop policy")))
+    cells = summary.newest_cells([kept, str(gone)])
+    assert set(cells) == {("sd", "cpu", 1, 0.0, "code")} and cells[("sd", "cpu", 1, 0.0, "code")]["vs_ar"] == 1.10
+
+
 @pytest.mark.parametrize("set_name, vs_ar, vs_best, missed", [
     ("code", 1.00, 0.95, []),                       # both goals met exactly (at the shown precision)
     ("code", 0.99, 1.10, ["0.99x AR"]),

@@ -50,8 +50,8 @@ allowance keeps a chance dip of a few steps from stopping speculation that pays 
 while a draft that is truly bad (E near 1, small spread) falls back after a few steps.
 At batch 1 these are the ratios E(l) / cost(l) against the break-even 1 / c_ar. Where the loop
 checks every step and dispatches caps per run, the cap and whether it pays are decided after a
-phase's first speculative step and every DECIDE_EVERY-th; elsewhere after every step (every
-check, on GPU).
+phase's first speculative step and every DECIDE_EVERY-th; elsewhere after every step (on GPU,
+after a phase's first step, run alone, and then every check: `speculative_run`).
 
 The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
 during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
@@ -639,12 +639,35 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             return step(s)
         return jax.lax.fori_loop(0, count, lambda _, s: step(s), s)
 
-    def speculative(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
-        s = repeated(functools.partial(speculative_step, width=width), s)
+    def speculative(s: AdaptiveState, width: int | None = None, count: int = steps_per_check) -> AdaptiveState:
+        s = repeated(functools.partial(speculative_step, width=width), s, count)
         if steps_per_check > 1 or DECIDE_EVERY == 1 or dispatch is None:
             return decide(s)
         # After a phase's first step (a probe is judged on it) and every DECIDE_EVERY-th after.
         return decide(s, due=(s.spec_steps - 1) % DECIDE_EVERY == 0)
+
+    def speculative_run(loop_while: Callable, s: AdaptiveState, width: int | None = None) -> AdaptiveState:
+        """Speculative steps while loop_while(s). Where checks come every few steps (GPU), a
+        phase's first step runs alone and is decided on, as every backend decides after a phase's
+        first step: a call's first cap comes from the prior, and a block of 4 steps there weighed 4
+        steps' evidence before any choice (on short prompts, whose first steps accept little, SD at
+        batch 1 left the prior's cap 8 for cap 2 and stayed: H100 prices replayed on CPU, 0.92-0.93
+        of fixed L=4). And the call's tail runs one step at a time once the running row with the
+        most tokens left could finish inside a block (the rest of whose steps would run idle: 16 of
+        257 steps over 8 short prompts). Each costs a read back per turn, for a few steps a call."""
+        step = functools.partial(speculative, width=width)
+        if steps_per_check == 1:
+            return jax.lax.while_loop(loop_while, step, s)
+        single = functools.partial(speculative, width=width, count=1)
+
+        def roomy(s: AdaptiveState) -> jax.Array:
+            outputs = s.decode.outputs
+            left = jnp.max(jnp.where(outputs.done, 0, max_new - outputs.num_out))
+            return left > (steps_per_check - 1) * (s.cap + 1)
+
+        s = jax.lax.while_loop(lambda s: loop_while(s) & (s.spec_steps == 0), single, s)
+        s = jax.lax.while_loop(lambda s: loop_while(s) & roomy(s), step, s)
+        return jax.lax.while_loop(loop_while, single, s)
 
     def plain(s: AdaptiveState, count: int) -> AdaptiveState:
         if scored:
@@ -682,21 +705,23 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             return running(s) & fits(s) & ((probe & (s.spec_steps == 0)) | s.pays)
 
         if dispatch is None:
-            s = jax.lax.while_loop(speculating, speculative, s.replace(spec_steps=zero))
+            s = speculative_run(speculating, s.replace(spec_steps=zero))
         else:
             def width_index(s: AdaptiveState):
                 return narrowest(dispatch, s.cap)
 
             def at_width(i: int, s: AdaptiveState) -> AdaptiveState:
-                return jax.lax.while_loop(lambda s: speculating(s) & (width_index(s) == i),
-                                          functools.partial(speculative, width=dispatch[i]), s)
+                def here(s: AdaptiveState) -> jax.Array:
+                    return speculating(s) & (width_index(s) == i)
+
+                return speculative_run(here, s, width=dispatch[i])
 
             s = jax.lax.while_loop(speculating, lambda s: jax.lax.switch(
                 width_index(s), [functools.partial(at_width, i) for i in range(len(dispatch))], s),
                 s.replace(spec_steps=zero))
         # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
         # speculation that paid resets it.
-        failed = probe & (s.spec_steps == steps_per_check)
+        failed = probe & (s.spec_steps == 1)
         backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF),
                             jnp.where(s.spec_steps > 0, 1, s.backoff))
         wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
