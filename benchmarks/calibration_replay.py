@@ -15,7 +15,7 @@ import json
 from contextlib import contextmanager
 
 from benchmarks.common import write_json
-from ssd_jax.engine import adaptive
+from ssd_jax.engine import adaptive, against_ar
 
 
 class ReplayError(RuntimeError):
@@ -27,7 +27,7 @@ class ReplayError(RuntimeError):
 def calibrations(record: str | None = None, replay: str | None = None):
     """Within the block, `ssd_jax.engine.adaptive._calibrate` records what it measures, in call
     order, to the JSON file `record` (rewritten whole after each), or returns the entries of the file
-    `replay` in order instead of measuring (ReplayError when they run out or differ in length
+    `replay` in order instead of measuring (and no call is checked against AR's program) (ReplayError when they run out or differ in length
     from what the program's loop takes). Neither: measured as usual."""
     if record and replay:
         raise ValueError("record or replay calibrations, not both")
@@ -58,7 +58,13 @@ def calibrations(record: str | None = None, replay: str | None = None):
         return measured
 
     adaptive._calibrate = calibrate
+    # A replayed run measures nothing: nor AR's step against the loop's (`against_ar`), whose
+    # verdicts would make the calls after a near tie differ between runs.
+    ar_ratio = against_ar.ar_step_ratio
+    if replay:
+        against_ar.ar_step_ratio = lambda *args: None
     try:
         yield entries
     finally:
         adaptive._calibrate = measure
+        against_ar.ar_step_ratio = ar_ratio

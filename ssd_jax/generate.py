@@ -14,6 +14,7 @@ import numpy as np
 
 from ssd_jax.decode import check_models, check_positions
 from ssd_jax.engine import plain_verdicts, ssd_auto
+from ssd_jax.engine.adaptive import timings_allowed
 from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS, signature
@@ -169,7 +170,7 @@ def generate(
     if plain_verdicts.starts_plain(verdict):
         return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream)
     out = _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
-    plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"])
+    plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"], lost=out.stats.get("loses_to_ar", False))
     return out
 
 
@@ -189,12 +190,7 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
     out_size = bucket(max_new_tokens)
     eos_ids = tuple(target.config.eos_token_ids or ())
     draft = _colocated(method, target, draft)
-    inputs = (batch.tokens, batch.lengths, row_keys(key, batch.batch_size), np.asarray(max_new_tokens, np.int32))
-    if target.placement is None:
-        inputs = tuple(map(jnp.asarray, inputs))
-    else:  # global arrays, so the program also runs when the mesh spans several processes
-        inputs = tuple(place_array(x, target.placement.replicated()) for x in inputs)
-    args = (_bare(target), _bare_draft(draft)) + inputs
+    args = (_bare(target), _bare_draft(draft)) + _inputs(target, batch, key, max_new_tokens)
     streaming = stream is not None
     fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
                            stream=streaming)
@@ -217,8 +213,53 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
     stats = _method_stats(method, draft, sampling, output)
     if auto is not None:
         stats.update(auto.record(output.counters["spec"]))
+        if not streaming and timings_allowed():
+            stats.update(_against_ar(target, batch, max_new_tokens, sampling, key, stats["loop_costs"],
+                                     output.counters["spec"], output.num_tokens, executable, args))
     return generate_output(method.name, output.tokens, output.num_tokens, output.finish_reason,
                            output.counters["spec"], wall, compile_s, stats, drafts=method.name != "ar")
+
+
+def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
+    """The decode program's array arguments after the models: tokens, lengths, row keys, max_new."""
+    inputs = (batch.tokens, batch.lengths, row_keys(key, batch.batch_size), np.asarray(max_new_tokens, np.int32))
+    if target.placement is None:
+        return tuple(map(jnp.asarray, inputs))
+    # Global arrays, so the program also runs when the mesh spans several processes.
+    return tuple(place_array(x, target.placement.replicated()) for x in inputs)
+
+
+def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, loop_costs: list,
+                counters, num_tokens, loop_executable, loop_args: tuple) -> dict:
+    """Stats of an "auto" call that speculated, priced against AR's own program
+    (`ssd_jax.engine.against_ar`): loses_to_ar (the next calls start plain), and where checked
+    priced_speedup_vs_ar and ar_step_over_loop_plain. AR's program is the one a plain-from-start call runs, compiled
+    here only for calls within `against_ar.GAIN_CHECK` of the loop's plain steps."""
+    from ssd_jax.engine import against_ar
+
+    counters = jax.device_get(counters)
+    by_cap = np.asarray(counters.cap_steps).tolist()
+    plain_steps = int(counters.target_calls) - 1 - int(sum(by_cap))
+    ar_steps = int(np.max(np.asarray(num_tokens))) - 1
+
+    def ar_ratio() -> float | None:
+        out_size = bucket(max_new_tokens)
+        eos_ids = tuple(target.config.eos_token_ids or ())
+        args = (_bare(target), None) + _inputs(target, batch, key, max_new_tokens)
+        fn = functools.partial(decode_arrays, method=AR(), sampling=sampling, eos_ids=eos_ids, out_size=out_size,
+                               stream=False)
+        program_key = ("decode", AR(), sampling, eos_ids, out_size, False, None)   # _generate_sync's for AR
+        executable, _ = PROGRAMS.compiled(fn, program_key, *args)
+        ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args,
+                                         (program_key, signature(args), signature(loop_args)))
+        found["ar_step_over_loop_plain"] = ratio
+        return ratio
+
+    found: dict = {}
+    lost, speedup = against_ar.loses_to_ar(loop_costs, by_cap, plain_steps, ar_steps, ar_ratio)
+    if speedup is not None:
+        found["priced_speedup_vs_ar"] = speedup
+    return dict(loses_to_ar=lost, **found)
 
 
 def _decode_with_costs(target, draft, tokens, lengths, keys, max_new, costs, **options):

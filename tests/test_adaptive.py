@@ -481,14 +481,16 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     the program run AR's loop from the start, all but a probe every PROBE_EVERY calls (doubling
     while probes decode plainly again, up to PROBE_EVERY_MAX); a probe whose loop speculated ends
     it. The tokens are AR's every time; SSD_JAX_DETERMINISTIC_AUTO=1 remembers nothing."""
-    from ssd_jax.engine import plain_verdicts
+    from ssd_jax.engine import against_ar, plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
     monkeypatch.setattr(plain_verdicts, "PROBE_EVERY", 3)
     monkeypatch.setattr(plain_verdicts, "PROBE_EVERY_MAX", 6)
-    # Whether a loop counts as plain is set here, not by the tiny pair's speed: every call's (share >= 0).
+    # Whether a loop counts as plain is set here, not by the tiny pair's speed: every call's (share >= 0),
+    # and no call is checked against AR's program.
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 0.0)
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", float("inf"))
     target, draft = models
     prompts = [[3, 4, 5, 3, 4], [7]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=20)
@@ -511,13 +513,99 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     assert [starts_plain() for _ in range(3)] == [False] * 3
 
 
+
+def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
+    """A call whose steps, at the loop's prices, come to more than AR's program would take (AR's
+    step measured against the loop's plain step, `against_ar.ar_step_ratio`) makes the next calls
+    start plain, as a call that decoded plainly does; one that beats it does not. Calls that
+    clearly pay (below GAIN_CHECK of the loop's plain steps) never time AR's program."""
+    from ssd_jax.engine import against_ar, plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)   # the share alone never makes a verdict
+    target, draft = models
+    prompts = [[3, 4, 5, 3, 4], [7]]
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=20)
+    asked = []
+
+    def call(ratio: float):
+        monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: asked.append(ratio) or ratio)
+        out = ssd_jax.generate(target, prompts, max_new_tokens=20, method=ssd_jax.SD(draft_len="auto", max_draft_len=3),
+                               draft=draft)
+        assert out.tokens == ar.tokens
+        return out.stats
+
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", 10.0)   # every call pays clearly: never checked
+    stats = call(0.01)
+    assert asked == [] and stats["loses_to_ar"] is False and "priced_speedup_vs_ar" not in stats
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)    # every call checked
+    stats = call(5.0)                                     # AR's step 5 loop plain steps: speculation wins
+    assert stats["loses_to_ar"] is False and stats["priced_speedup_vs_ar"] > 1.0
+    assert not call(5.0).get("plain_from_start")
+    stats = call(0.01)                                    # AR nearly free: the call lost
+    assert stats["loses_to_ar"] is True and stats["priced_speedup_vs_ar"] < 1.0
+    assert stats["ar_step_over_loop_plain"] == 0.01
+    assert call(0.01).get("plain_from_start")             # the next call runs AR's program
+
+
+def test_ar_step_ratio_times_both_programs_alike(models, monkeypatch):
+    """AR's program's step over the adaptive loop's plain step, measured on the two compiled
+    programs of a real call: finite, near 1 on the tiny pair (both are a target forward per
+    token), measured once per key."""
+    from ssd_jax.engine import against_ar, plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)
+    monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)
+    monkeypatch.setattr(against_ar, "LOSS_MARGIN", float("inf"))   # measured, never a verdict
+    monkeypatch.setattr(against_ar, "_AR_STEP", adaptive.Recent())
+    target, draft = models
+    prompts = [[3, 4, 5, 3, 4]]
+    ratios = []
+    measure = against_ar.ar_step_ratio
+    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: ratios.append(measure(*args)) or ratios[-1])
+    for _ in range(2):
+        out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.PLD(draft_len="auto"))
+        assert not out.stats.get("plain_from_start"), out.stats
+        assert out.stats["ar_step_over_loop_plain"] == ratios[-1]
+    assert ratios[0] == ratios[1] and 0.2 < ratios[0] < 5.0
+
+
+def test_pricing_a_call_at_the_loop_s_prices():
+    """A step at a cap the calibration timed costs that time, other caps the fixed cost plus a draft
+    forward per extra token; plain steps the plain price; a call is judged against AR only where
+    it is priced within GAIN_CHECK of its plain steps, and lost beyond LOSS_MARGIN."""
+    from ssd_jax.engine import against_ar
+
+    costs = [1.0, 1.5, 0.25, 0.7, 0.0, 1.4, 0.0, 0.0, 3.0]     # t_ar, t_spec, c_draft, prior, cap; caps 1..4
+    assert against_ar.step_price(costs, 1) == 1.4 and against_ar.step_price(costs, 4) == 3.0
+    assert against_ar.step_price(costs, 2) == 1.75 and against_ar.step_price(costs, 3) == 2.0
+    assert against_ar.call_seconds(costs, [2, 0, 0, 1], plain_steps=3) == 2 * 1.4 + 3.0 + 3 * 1.0
+    never = lambda: pytest.fail("AR's program timed for a call that clearly pays")   # noqa: E731
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 2], 0, ar_steps=20, ar_ratio=never) == (False, None)
+    # 10 steps at cap 4 (30 s) against AR's 20 steps at its 1.0 s: lost.
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 10], 0, ar_steps=20, ar_ratio=lambda: 1.0) == (True, pytest.approx(2 / 3))
+    # 5 steps (15 s), checked (above GAIN_CHECK's 14 s): won; with AR's step at half the plain one: lost.
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 5], 0, ar_steps=20, ar_ratio=lambda: 1.0) == (False, pytest.approx(4 / 3))
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 5], 0, ar_steps=20, ar_ratio=lambda: 0.5)[0]
+    # Within LOSS_MARGIN of AR (20.5 s against 20 s): not lost; and where AR's step is unknown, nothing.
+    assert not against_ar.loses_to_ar(costs, [0, 0, 0, 6], 2.5, ar_steps=20, ar_ratio=lambda: 1.0)[0]
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 10], 0, ar_steps=20, ar_ratio=lambda: None) == (False, None)
+
+
 def test_each_program_is_calibrated_on_its_own(models, monkeypatch):
     """The loop's costs are calibrated once per compiled program, argument shapes included: a
     call whose prompts fall in another length bucket (another program, other step costs) is
     measured anew, while a repeated shape reuses the calibration."""
+    from ssd_jax.engine import against_ar
+
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
     monkeypatch.setattr(adaptive, "ACCEPTANCE", adaptive.AcceptanceMemory())
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", float("inf"))   # no verdict makes a call start plain
     target, _ = models
     method = ssd_jax.PLD(draft_len="auto")
     short, long = [[3, 4, 5, 3, 4]], [[3 + i % 50 for i in range(60)]]

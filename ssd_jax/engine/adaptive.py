@@ -424,16 +424,7 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
     draft_len = size - len(FORCE_SPECULATION)
 
     def runner(forced, max_new):
-        forced = np.concatenate([forced, np.zeros(size - len(forced), np.float32)])
-        run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
-                                jax.device_put(forced, args[-1].sharding))
-
-        def run():
-            start = time.perf_counter()
-            out = jax.block_until_ready(executable(*run_args))
-            return time.perf_counter() - start, out
-
-        return run
+        return timed_run(executable, args, max_new, forced)
 
     plain_run = runner(FORCE_PLAIN, tokens)
     # A plain run opens and closes each round: the AR step is every price's denominator, and its
@@ -480,6 +471,25 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
     t_ar, spec_ratio, draft_ratio, *table = (trimmed_mean(column) for column in zip(*rounds))
     return (t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar,
             *(ratio * t_ar for ratio in table))
+
+
+def timed_run(executable, args: tuple, max_new: int, forced: np.ndarray | None = None):
+    """A function that runs the compiled `executable` once on `args` with max_new replaced (the
+    last argument; where `forced` is given, the one before, and the loop's cost inputs, the last,
+    replaced by forced zero-padded to their length) and returns (seconds, output)."""
+    if forced is None:
+        run_args = args[:-1] + (jax.device_put(np.asarray(max_new, np.int32), args[-1].sharding),)
+    else:
+        forced = np.concatenate([forced, np.zeros(int(np.shape(args[-1])[0]) - len(forced), np.float32)])
+        run_args = args[:-2] + (jax.device_put(np.asarray(max_new, np.int32), args[-2].sharding),
+                                jax.device_put(forced, args[-1].sharding))
+
+    def run():
+        start = time.perf_counter()
+        out = jax.block_until_ready(executable(*run_args))
+        return time.perf_counter() - start, out
+
+    return run
 
 
 def trimmed_mean(values) -> float:

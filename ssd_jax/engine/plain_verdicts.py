@@ -9,7 +9,8 @@ calls between probes, up to `most`; any other verdict sets them back to `first`.
 
 Two users: SSD (`ssd_jax.engine.ssd_auto`: its host loop measures SSD slower than plain decoding)
 and the jitted adaptive loop of the synchronous methods (`remember_share` below: a call whose
-loop decoded at least PLAIN_SHARE of its steps plainly, about every one). The loop's own fall
+loop decoded at least PLAIN_SHARE of its steps plainly, about every one, or whose steps priced
+above AR's program's, `ssd_jax.engine.against_ar`). The loop's own fall
 back already makes such calls nearly as fast as AR, but not quite: its plain steps keep a buffer
 of the tokens the draft missed and check every PLAIN_BLOCK steps whether speculation pays
 (retrieval also walks its drafts against the tokens drawn), which cost 1-4% of AR on CPU at
@@ -78,12 +79,14 @@ def starts_plain(key) -> bool:
     return timings_allowed() and LOOP_VERDICTS.starts_plain(key)
 
 
-def remember_share(key, plain_share: float) -> None:
+def remember_share(key, plain_share: float, lost: bool = False) -> None:
     """The verdict of an adaptive loop's call of `key` that decoded plain_share (float in [0, 1])
-    of its steps plainly."""
+    of its steps plainly; lost: its steps, priced, came to more than AR's program would have taken
+    (`ssd_jax.engine.against_ar`), which also makes the next calls start plain."""
     if not timings_allowed():
         return
-    LOOP_VERDICTS.remember(key, plain_share >= PLAIN_SHARE, back_off=True, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
+    LOOP_VERDICTS.remember(key, plain_share >= PLAIN_SHARE or lost, back_off=True, first=PROBE_EVERY,
+                           most=PROBE_EVERY_MAX)
 
 
 def forget() -> None:

@@ -1,0 +1,107 @@
+"""Whether an "auto" call that speculated would have run faster as AR's own program.
+
+The adaptive loop chooses between speculating and its own plain steps, priced by its calibration.
+Its plain steps are not AR's program: they keep the buffer of tokens the draft missed and check
+every few steps whether speculation pays (retrieval also walks its drafts against the tokens
+drawn). On CPU that costs 1-4% over AR; on an H100 with the embedded pair, whose steps are tens of
+tiny kernels, PLD's plain step cost 0.18 ms against AR's 0.145 ms, and its speculative step 0.17
+ms. There, at T=1 with 1.02-1.09 tokens per step, the loop rightly kept speculating over its own
+plain steps and ran 0.85-0.96x AR. Only a call-level verdict reaches AR's program
+(`ssd_jax.engine.plain_verdicts`): after a call, its steps priced at the loop's prices are compared
+with AR's program's measured step over the steps AR would take, and a call that lost makes the next
+calls of its program start plain (with the verdicts' probes).
+
+AR's step is timed on its compiled program (the one a plain-from-start call runs) against the
+loop's plain step, both programs timed alike in interleaved rounds (a trimmed mean of the ratios,
+as the loop's calibration), once per program and argument shapes per process (kept in memory
+only: the calibration store holds the loop's calibrations); only for calls whose speculation the loop's own prices find
+within GAIN_CHECK of its plain steps, so calls that clearly pay never compile AR's program.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, _CALIBRATION_TOKENS, agreed, timed_run,
+                                     trimmed_mean)
+from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
+
+# A call is checked against AR's program when its priced seconds are at least this share of its
+# AR steps at the loop's plain price: AR's program is at most ~25% cheaper than those (H100,
+# retrieval), so a call priced below this clearly beats it.
+GAIN_CHECK = 0.7
+# ... and judged to lose when its priced seconds exceed AR's by this share (the prices' noise:
+# a wrong verdict costs the calls up to the next probe).
+LOSS_MARGIN = 0.03
+
+_AR_STEP = Recent()
+
+
+def step_price(loop_costs, cap: int) -> float:
+    """Seconds of a speculative step capped at `cap` by the loop's prices (loop_costs: float [5 + L]
+    or [5], `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`): the step its calibration timed at that
+    cap, else the speculative step's fixed cost plus (cap - 1) draft forwards."""
+    costs = np.asarray(loop_costs, np.float64)
+    table = costs[NUM_COST_INPUTS:]
+    if 0 < cap <= table.shape[0] and table[cap - 1] > 0:
+        return float(table[cap - 1])
+    return float(costs[1] + (cap - 1) * costs[2])
+
+
+def call_seconds(loop_costs, steps_by_cap, plain_steps: int) -> float:
+    """A call's seconds at the loop's prices: its speculative steps by cap (steps_by_cap: counts
+    for caps 1..L) and its plain steps at the loop's plain price."""
+    spec = sum(int(n) * step_price(loop_costs, cap) for cap, n in enumerate(steps_by_cap, start=1) if n)
+    return spec + int(plain_steps) * float(np.asarray(loop_costs)[0])
+
+
+def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
+    """AR's program's step over the adaptive loop's plain step, measured once per key: both
+    programs (AR's with its args, the last one max_new; the loop's with its args, the last two
+    max_new and its cost inputs, run forced plain) timed alike, runs of 1 and of up to
+    _CALIBRATION_TOKENS tokens interleaved over _CALIBRATION_ROUNDS rounds, each program's per
+    step the round's difference over the steps between them; the trimmed mean of the rounds'
+    ratios, the same on every process (`agreed`). Timed alike because two methods of timing
+    differ by more than the difference sought (on CPU the loop's calibrated plain step came out
+    12% below AR's timed by differences, where it does strictly more). None where a program's
+    longer run takes no extra step."""
+    cached = _AR_STEP.lookup(key)
+    if cached is not None:
+        return cached
+    tokens = min(int(np.asarray(ar_args[-1])), _CALIBRATION_TOKENS)
+    if tokens < 2:
+        return None
+    runs = dict(ar_short=timed_run(ar_executable, ar_args, 1), ar_long=timed_run(ar_executable, ar_args, tokens),
+                loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
+                loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
+    steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
+    extra = {name: steps[f"{name}_long"] - steps[f"{name}_short"] for name in ("ar", "loop")}
+    if min(extra.values()) < 1:
+        return None
+    ratios = []
+    for _ in range(_CALIBRATION_ROUNDS):
+        seconds = {name: run()[0] for name, run in runs.items()}
+        per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
+                    for name in ("ar", "loop")}
+        ratios.append(per_step["ar"] / per_step["loop"])
+    ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
+    _AR_STEP.store(key, ratio)
+    return ratio
+
+
+def loses_to_ar(loop_costs, steps_by_cap, plain_steps: int, ar_steps: int, ar_ratio) -> tuple[bool, float | None]:
+    """(whether the call lost to AR's program, AR's estimated seconds over the call's priced ones:
+    the call's speedup over AR as its prices see it, None where not checked). ar_steps: the steps AR's
+    program takes for the call's tokens (its longest row's); ar_ratio: a callable giving AR's step
+    over the loop's plain step (`ar_step_ratio`), called only for calls within GAIN_CHECK of the
+    loop's plain steps; AR's step is that times the loop's plain price."""
+    spent = call_seconds(loop_costs, steps_by_cap, plain_steps)
+    plain_price = float(np.asarray(loop_costs)[0])
+    if spent <= 0 or ar_steps < 1 or spent < GAIN_CHECK * ar_steps * plain_price:
+        return False, None
+    ratio = ar_ratio()
+    if ratio is None:
+        return False, None
+    ar_seconds = ar_steps * ratio * plain_price
+    return spent > (1 + LOSS_MARGIN) * ar_seconds, ar_seconds / spent
