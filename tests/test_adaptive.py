@@ -179,19 +179,28 @@ CHEAP = np.asarray([1.0, 0.6, 0.05, 0.5, 0.0], np.float32)
 DRAFT_THEN_PLAIN = np.asarray([1.0, 1.2, 0.2, 0.9, 0.0], np.float32)
 
 
-def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):
+def _decode_program(target, method, sampling, out_size: int, draft_len=2):
+    """The adaptive decode, jitted: (target, draft, tokens, lengths, keys, costs, max_new) -> output,
+    one compilation for every max_new up to out_size."""
+    single = getattr(method, "paths", None) == 1
+    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None,
+                             capped=single or method.name in ("pld", "csd"))
+    return jax.jit(lambda t, d, tok, lens, k, c, max_new: decode_arrays(
+        t, d, tok, lens, k, max_new, method=method, sampling=sampling,
+        eos_ids=tuple(target.config.eos_token_ids or ()), out_size=out_size, plan=plan, costs=c))
+
+
+def _padded(prompts) -> tuple[np.ndarray, np.ndarray]:
     lengths = np.array([len(p) for p in prompts], np.int32)
     tokens = np.zeros((len(prompts), int(lengths.max())), np.int32)
     for b, p in enumerate(prompts):
         tokens[b, :len(p)] = p
-    single = getattr(method, "paths", None) == 1
-    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None,
-                             capped=single or method.name in ("pld", "csd"))
-    fn = jax.jit(lambda t, d, tok, lens, k, c: decode_arrays(
-        t, d, tok, lens, k, np.int32(max_new), method=method, sampling=sampling,
-        eos_ids=tuple(target.config.eos_token_ids or ()), out_size=out_size or max_new,
-        plan=plan, costs=c))
-    return fn(target, draft, tokens, lengths, keys, costs)
+    return tokens, lengths
+
+
+def _decode(target, draft, prompts, method, costs, sampling, keys, max_new, draft_len=2, out_size=None):
+    fn = _decode_program(target, method, sampling, out_size or max_new, draft_len)
+    return fn(target, draft, *_padded(prompts), keys, costs, np.int32(max_new))
 
 
 def test_fallback_to_plain_decoding_is_exact_greedy(models):
@@ -300,10 +309,10 @@ def test_gpu_loop_runs_no_idle_steps_at_the_end_of_a_call(models, rows, monkeypa
     target, draft = models
     prompts = [[3, 4, 5, 6, 3, 4, 5], [9, 2]][:rows]
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    decode = _decode_program(target, ssd_jax.SD(draft_len="auto"), SamplingParams(), out_size=32, draft_len=3)
     for max_new in (29, 30, 31, 32):
         ar = ssd_jax.generate(target, prompts, max_new_tokens=max_new)
-        out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto"), adaptive.force_cap(3), SamplingParams(),
-                      row_keys(None, rows), max_new, draft_len=3)
+        out = decode(target, draft, *_padded(prompts), row_keys(None, rows), adaptive.force_cap(3), np.int32(max_new))
         assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
         counters = jax.device_get(out.counters["spec"])
         assert counters.ar_steps.max() == 0
