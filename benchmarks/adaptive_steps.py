@@ -15,7 +15,7 @@ lengths' step counts of the batch and of each prompt alone (at T=0 a batch takes
 slowest row's count: what the loop's model of a batch's steps is judged against). `--priced`
 adds each call's steps by cap (the `steps_by_cap` stat) and prices the call and each fixed
 length's batch at the program's step prices (its `loop_costs`: the step seconds its calibration
-timed at each cap; `benchmarks/step_prices.py`): "auto" against the best fixed length as the
+timed at each cap; `ssd_jax.engine.against_ar.call_seconds`): "auto" against the best fixed length as the
 loop's own prices see it, which at T=0 is exact and free of the machine's noise (it leaves out
 the loop's overhead over a fixed length's program, which only a timed run shows).
 
@@ -47,8 +47,8 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, output_stem, write_json  # noqa: E402
-from benchmarks.step_prices import priced_seconds, step_price  # noqa: E402
 from ssd_jax.engine import adaptive, plain_verdicts, ssd_auto  # noqa: E402
+from ssd_jax.engine.against_ar import call_seconds, step_price  # noqa: E402
 
 
 def adopt_loop_policy(name: str) -> None:
@@ -134,7 +134,7 @@ def run(args) -> list[dict]:
                 fixed_seconds = {n: (case["fixed"][str(n)]["batch"] - 1) * step_price(prices, n) for n in lengths}
                 best = min(fixed_seconds, key=fixed_seconds.get)
                 for c in calls:
-                    c["priced_of_best_fixed"] = fixed_seconds[best] / priced_seconds(
+                    c["priced_of_best_fixed"] = fixed_seconds[best] / call_seconds(
                         c["loop_costs"] or prices, c["steps_by_cap"], c["plain_steps"])
                 case["priced_best_fixed"] = best
             out.append(case)

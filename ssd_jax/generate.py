@@ -187,20 +187,16 @@ def _plain_from_start(method, target: Model, batch, max_new_tokens: int, samplin
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
                    stream) -> GenerateOutput:
     """`generate` of every method but SSD: one jitted decode program."""
-    out_size = bucket(max_new_tokens)
-    eos_ids = tuple(target.config.eos_token_ids or ())
     draft = _colocated(method, target, draft)
-    args = (_bare(target), _bare_draft(draft)) + _inputs(target, batch, key, max_new_tokens)
     streaming = stream is not None
-    fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
-                           stream=streaming)
+    fn, args, key_parts = _program(method, target, draft, batch, max_new_tokens, sampling, key, streaming)
     auto = _auto_plan(method, args[0], args[1], sampling, batch, int(max_new_tokens)) \
         if getattr(method, "adaptive", False) else None
     if auto is not None:
         fn = functools.partial(_decode_with_costs, plan=auto.plan, **fn.keywords)
         args = args + (jnp.asarray(auto.loop_inputs) if target.placement is None
                        else place_array(auto.loop_inputs, target.placement.replicated()),)
-    program_key = ("decode", method, sampling, eos_ids, out_size, streaming, auto and auto.plan)
+    program_key = key_parts + (auto and auto.plan,)
     executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
     if auto is not None and not streaming:
         # Keyed like the executable (argument shapes too): a program for another batch, prompt
@@ -212,12 +208,25 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
     wall = time.perf_counter() - start
     stats = _method_stats(method, draft, sampling, output)
     if auto is not None:
-        stats.update(auto.record(output.counters["spec"]))
+        counters = jax.device_get(output.counters["spec"])
+        stats.update(auto.record(counters))
         if not streaming and timings_allowed():
             stats.update(_against_ar(target, batch, max_new_tokens, sampling, key, stats["loop_costs"],
-                                     output.counters["spec"], output.num_tokens, executable, args))
+                                     counters, output.num_tokens, executable, args))
     return generate_output(method.name, output.tokens, output.num_tokens, output.finish_reason,
                            output.counters["spec"], wall, compile_s, stats, drafts=method.name != "ar")
+
+
+def _program(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
+             streaming: bool) -> tuple:
+    """A call's decode program before any adaptive costs: (fn, args, the program key's parts), the
+    draft already colocated. The key's last part, the adaptive plan, is the caller's."""
+    out_size = bucket(max_new_tokens)
+    eos_ids = tuple(target.config.eos_token_ids or ())
+    args = (_bare(target), _bare_draft(draft)) + _inputs(target, batch, key, max_new_tokens)
+    fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
+                           stream=streaming)
+    return fn, args, ("decode", method, sampling, eos_ids, out_size, streaming)
 
 
 def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
@@ -232,23 +241,19 @@ def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
 def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, loop_costs: list,
                 counters, num_tokens, loop_executable, loop_args: tuple) -> dict:
     """Stats of an "auto" call that speculated, priced against AR's own program
-    (`ssd_jax.engine.against_ar`): loses_to_ar (the next calls start plain), and where checked
-    priced_speedup_vs_ar and ar_step_over_loop_plain. AR's program is the one a plain-from-start call runs, compiled
-    here only for calls within `against_ar.GAIN_CHECK` of the loop's plain steps."""
+    (`ssd_jax.engine.against_ar`; counters: the call's spec counters on the host): loses_to_ar (the
+    next calls start plain), and where checked priced_speedup_vs_ar and ar_step_over_loop_plain.
+    AR's program is the one a plain-from-start call runs, compiled here only for calls within
+    `against_ar.GAIN_CHECK` of the loop's plain steps."""
     from ssd_jax.engine import against_ar
 
-    counters = jax.device_get(counters)
     by_cap = np.asarray(counters.cap_steps).tolist()
     plain_steps = int(counters.target_calls) - 1 - int(sum(by_cap))
     ar_steps = int(np.max(np.asarray(num_tokens))) - 1
 
     def ar_ratio() -> float | None:
-        out_size = bucket(max_new_tokens)
-        eos_ids = tuple(target.config.eos_token_ids or ())
-        args = (_bare(target), None) + _inputs(target, batch, key, max_new_tokens)
-        fn = functools.partial(decode_arrays, method=AR(), sampling=sampling, eos_ids=eos_ids, out_size=out_size,
-                               stream=False)
-        program_key = ("decode", AR(), sampling, eos_ids, out_size, False, None)   # _generate_sync's for AR
+        fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
+        program_key = key_parts + (None,)   # _generate_sync's for AR: no plan
         executable, _ = PROGRAMS.compiled(fn, program_key, *args)
         ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args,
                                          (program_key, signature(args), signature(loop_args)))

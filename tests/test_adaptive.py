@@ -570,7 +570,7 @@ def test_ar_step_ratio_times_both_programs_alike(models, monkeypatch):
     monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
     monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)
     monkeypatch.setattr(against_ar, "LOSS_MARGIN", float("inf"))   # measured, never a verdict
-    monkeypatch.setattr(against_ar, "_AR_STEP", adaptive.Recent())
+    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
     target, draft = models
     prompts = [[3, 4, 5, 3, 4]]
     ratios = []

@@ -127,11 +127,11 @@ def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
 
 
 def test_a_call_is_priced_by_its_steps_at_each_cap():
-    """`adaptive_steps.py --priced` (`benchmarks/step_prices.py`): a step at a cap the calibration
+    """`adaptive_steps.py --priced` (`ssd_jax.engine.against_ar`'s prices): a step at a cap the calibration
     timed costs that time, at an untimed cap the speculative step plus a draft forward per extra
     token, a plain step the AR step; a call's seconds sum its steps (which at T=0 compares two
     loops' choices exactly)."""
-    from benchmarks.step_prices import priced_seconds, step_price
+    from ssd_jax.engine.against_ar import call_seconds as priced_seconds, step_price
 
     # The loop's cost inputs: AR, spec, forward, prior, forced cap; then caps 1, 2, (3), 4 timed.
     loop_costs = [1.0, 1.2, 0.1, 0.7, 0.0, 1.25, 1.5, 0.0, 2.0]

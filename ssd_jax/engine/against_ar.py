@@ -35,14 +35,17 @@ GAIN_CHECK = 0.7
 # a wrong verdict costs the calls up to the next probe).
 LOSS_MARGIN = 0.03
 
-_AR_STEP = Recent()
+_AR_RATIO = Recent()
 
 
 def step_price(loop_costs, cap: int) -> float:
-    """Seconds of a speculative step capped at `cap` by the loop's prices (loop_costs: float [5 + L]
-    or [5], `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`): the step its calibration timed at that
-    cap, else the speculative step's fixed cost plus (cap - 1) draft forwards."""
+    """Seconds of a loop step capped at `cap` (0: a plain step) by the loop's prices (loop_costs:
+    float [5 + L] or [5], a call's `loop_costs` stat, `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`):
+    the plain price for 0, the step its calibration timed at that cap, else the speculative step's
+    fixed cost plus (cap - 1) draft forwards."""
     costs = np.asarray(loop_costs, np.float64)
+    if cap == 0:
+        return float(costs[0])
     table = costs[NUM_COST_INPUTS:]
     if 0 < cap <= table.shape[0] and table[cap - 1] > 0:
         return float(table[cap - 1])
@@ -53,7 +56,7 @@ def call_seconds(loop_costs, steps_by_cap, plain_steps: int) -> float:
     """A call's seconds at the loop's prices: its speculative steps by cap (steps_by_cap: counts
     for caps 1..L) and its plain steps at the loop's plain price."""
     spec = sum(int(n) * step_price(loop_costs, cap) for cap, n in enumerate(steps_by_cap, start=1) if n)
-    return spec + int(plain_steps) * float(np.asarray(loop_costs)[0])
+    return spec + int(plain_steps) * step_price(loop_costs, 0)
 
 
 def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
@@ -66,7 +69,7 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     differ by more than the difference sought (on CPU the loop's calibrated plain step came out
     12% below AR's timed by differences, where it does strictly more). None where a program's
     longer run takes no extra step."""
-    cached = _AR_STEP.lookup(key)
+    cached = _AR_RATIO.lookup(key)
     if cached is not None:
         return cached
     tokens = min(int(np.asarray(ar_args[-1])), _CALIBRATION_TOKENS)
@@ -86,7 +89,7 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
                     for name in ("ar", "loop")}
         ratios.append(per_step["ar"] / per_step["loop"])
     ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
-    _AR_STEP.store(key, ratio)
+    _AR_RATIO.store(key, ratio)
     return ratio
 
 
@@ -97,7 +100,7 @@ def loses_to_ar(loop_costs, steps_by_cap, plain_steps: int, ar_steps: int, ar_ra
     over the loop's plain step (`ar_step_ratio`), called only for calls within GAIN_CHECK of the
     loop's plain steps; AR's step is that times the loop's plain price."""
     spent = call_seconds(loop_costs, steps_by_cap, plain_steps)
-    plain_price = float(np.asarray(loop_costs)[0])
+    plain_price = step_price(loop_costs, 0)
     if spent <= 0 or ar_steps < 1 or spent < GAIN_CHECK * ar_steps * plain_price:
         return False, None
     ratio = ar_ratio()
