@@ -33,11 +33,21 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
     return [prompts[i: i + batch_size] for i in range(0, len(prompts), batch_size)]
 
 
+# Stats of a configuration's first (compiling, untimed) call kept as its "first_call" where the
+# call ran the adaptive loop: that call's verdicts (`ssd_jax.engine.against_ar`,
+# `ssd_jax.engine.plain_verdicts`) decide whether the timed calls after it start plain, and its
+# choices are otherwise lost (an H200 run of SD at batch 8 timed only AR's program after one).
+FIRST_CALL_STATS = ("target_calls", "mean_draft_len", "ar_fallback_share", "steps_by_cap", "loses_to_ar",
+                    "priced_speedup_vs_ar", "ar_step_over_loop_plain", "loop_costs")
+
+
 def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: list[float], batch_size: int,
-            compile_s: float, repeats: int, extra) -> dict:
+            first: dict, repeats: int, extra) -> dict:
     """Sums one configuration's per-call stats (outs: every call of every round; counts are per
     round, the mean over rounds) and fastest wall times (walls); rounds: its wall time in each
-    round (summed over calls); round_tokens: the tokens it generated in each round."""
+    round (summed over calls); round_tokens: the tokens it generated in each round; first: the
+    stats of its first, compiling call (`FIRST_CALL_STATS`)."""
+    compile_s = first["compile_time_s"]
     tokens = sum(o.stats["num_generated_tokens"] for o in outs) / repeats
     wall = sum(walls)
     row_calls = sum(o.stats["num_generated_tokens"] / o.stats.get("block_efficiency", 1.0) for o in outs) / repeats
@@ -65,7 +75,14 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
         # step s without draft forwards, s per draft forward or verified token, prior acceptance,
         # forced cap): what its choices between speculating and plain decoding were made from.
         result["loop_costs"] = [float(x) for x in outs[0].stats["loop_costs"]]
+    if "loop_costs" in first:
+        result["first_call"] = {name: _plain(first[name]) for name in FIRST_CALL_STATS if name in first}
     return result
+
+
+def _plain(value):
+    """A stat as JSON takes it (numpy scalars and arrays to Python's)."""
+    return np.asarray(value).tolist()
 
 
 def method_object(method: str, options: dict):
@@ -114,8 +131,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     """
     kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature) for method, options in configs]
     groups = batches(prompts, batch_size)
-    compile_s = [ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kw).stats["compile_time_s"]
-                 for kw in kwargs]
+    first = [ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kw).stats for kw in kwargs]
     outs = [[] for _ in configs]
     walls = [[] for _ in configs]
     rounds = np.zeros((len(configs), repeats))
@@ -132,7 +148,7 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
                 outs[c].append(out)
         for c in range(len(configs)):
             walls[c].append(best[c])
-    return [_totals(outs[c], walls[c], rounds[c], round_tokens[c], batch_size, compile_s[c], repeats, extra)
+    return [_totals(outs[c], walls[c], rounds[c], round_tokens[c], batch_size, first[c], repeats, extra)
             for c in range(len(configs))]
 
 
