@@ -23,7 +23,8 @@ Prompt sets (the embedded pair's tokenizer):
 Speedups are paired: each of --repeats rounds runs every configuration once, back to back, and a
 speedup is the median over rounds of the two configurations' same-round wall-time ratio, so the
 machine's drift between rounds cancels (the ratios of best-of times, which carry it, are kept as
-*_best_of).
+*_best_of). Each "auto" config also keeps its first, compiling call's choices and verdicts as
+`first_call` (untimed; its verdicts decide whether the timed calls start plain).
 
 Writes benchmarks/results/adaptive.json and adaptive.png (speedup over AR per configuration).
     python benchmarks/bench_adaptive.py [--method sd|bv|gbv|pld|logitspec|csd|ssd|...] [--sets code,short]
