@@ -32,7 +32,8 @@ running rows: 0 for one row). Rows differ: at batch 8 on held-out code one promp
 57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
 (4-8) lost to L=2 by 20-30%.
 
-    cap = the l with the least steps(l) cost(l) (long memory, at batch 1 each alpha_k past the
+    cap = the l with the least steps(l) cost(l) (long memory; where a batch of rows caps its
+          drafts with a model at T=0, a shorter one, CAP_DECAY; at batch 1 each alpha_k past the
           current cap raised by EXPLORE standard errors), or the current one unless that is
           SWITCH_MARGIN faster where caps are dispatched per run of steps, and there at batch > 1
           the next cap up for a run of steps whenever what the batch knows of the first position
@@ -113,6 +114,21 @@ BATCH_PRIOR_STEPS = 4.0
 # T=1 a step's tokens vary by ~1.5 around ~3, so a 10-step memory dips below break-even by
 # chance; without it SD fell back on 20-30% of the steps of sets where every fixed L paid).
 Z = 1.0
+# Weight of the past in the memory that chooses the cap where a batch of rows caps its drafts with a
+# model at T=0 (SD, BV, CSD at batch > 1; elsewhere the long memory chooses it). The batch runs at its
+# slowest row's pace, and on short prompts the row that sets it accepts far less over its first
+# ~20 tokens than over the rest (CSD at batch 8, T=0: E(2) 1.91 and E(4) 2.20 after 8 steps, where
+# its whole call took 58 steps at L=2 and 44 at L=4): the long memory's ~50 steps held the batch
+# at cap 2 for 43 of 57 steps where fixed L=4 took 44. A memory of ~12 steps lets that start fade.
+# The long memory stays what the fall back reverts to and what `probe_up` reads: with 0.92 for both,
+# CSD's short prompts read 0.976 of L=4 but a call on badguess fell back for 75% of its steps (0.79
+# of L=2); with the probes reading this memory, badguess read 0.936. Priced under one replayed
+# calibration per method (batch 8, T=0, the 12 cells of SD, BV and CSD): worst cell 0.943 against
+# 0.912, mean 0.981 against 0.972 (benchmarks/adaptive_notes.md, twelfth session). Not at T > 0,
+# where each step's acceptance also carries the sampling's noise, which ~12 steps of 8 rows do not
+# average out: SD at batch 8 on code at T=1 went to cap 1 (mean draft 1.09), 0.955 of fixed L=2,
+# where the long memory keeps cap 2 (1.00 of it).
+CAP_DECAY = 0.92
 # Steps' worth of pull of each position's acceptance towards the pooled one (POOLING = 2 left
 # SD's caps at 3.2 where L = 4-5 measured best at T=1; 8 brought them to 4.2).
 POOLING = 8.0
@@ -265,7 +281,9 @@ class AdaptiveState:
     """decode: the skeleton's DecodeState; reached, accepted float32 [B, L]: decayed sums over
     speculative steps of whether the row's draft reached position k / had its k-th token
     accepted; long_reached, long_accepted: the same with the long memory, over long_steps
-    float32 [] steps; extra_prior float32 []: the steps' worth of the long memory's prior beyond
+    float32 [] steps; cap_reached, cap_accepted: the same with the memory that chooses the cap
+    (CAP_DECAY where a batch caps its drafts with a model at T=0, else the long memory's sums);
+    extra_prior float32 []: the steps' worth of the long memory's prior beyond
     PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft
     forwards a step ran over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
     int32 []: phases left before the next probe; backoff int32 []: phases between probes after
@@ -281,6 +299,8 @@ class AdaptiveState:
     accepted: jax.Array
     long_reached: jax.Array
     long_accepted: jax.Array
+    cap_reached: jax.Array
+    cap_accepted: jax.Array
     long_steps: jax.Array
     extra_prior: jax.Array
     forward_share: jax.Array
@@ -308,6 +328,8 @@ class Evidence:
     accepted: jax.Array
     long_reached: jax.Array
     long_accepted: jax.Array
+    cap_reached: jax.Array
+    cap_accepted: jax.Array
     probe_reached: jax.Array
     forward_share: jax.Array
     chosen: jax.Array
@@ -457,9 +479,11 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # Retrieval's drafts (point masses read off the context) have a `shadow_tree` (below).
     shadow = getattr(parts, "shadow_tree", None)
     long_prior = BATCH_PRIOR_STEPS if batch > 1 and takes_cap and shadow is None else PRIOR_STEPS
+    separate_cap_memory = batch > 1 and takes_cap and shadow is None and sampling.greedy
     zero = jnp.zeros((), jnp.int32)
     initial = AdaptiveState(decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
                             long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
+                            cap_reached=long_prior * prior_reached, cap_accepted=long_prior * prior_accepted,
                             long_steps=jnp.asarray(long_prior, jnp.float32),
                             extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
                             forward_share=jnp.ones((), jnp.float32),
@@ -497,6 +521,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         outputs = s.decode.outputs
         return Evidence(running=~outputs.done, remaining=max_new - outputs.num_out, reached=s.reached,
                         accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
+                        cap_reached=s.cap_reached, cap_accepted=s.cap_accepted,
                         probe_reached=s.long_reached - s.extra_prior * prior_reached,
                         forward_share=s.forward_share, chosen=s.chosen)
 
@@ -543,7 +568,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         if takes_cap:
             # Seconds to finish the batch by cap, the fastest chosen (`cap_index`; zero costs,
             # under forced inputs: the longest).
-            reached, accepted, shape = pooled(e.long_reached, e.long_accepted, e.running)
+            reached, accepted, shape = pooled(e.cap_reached, e.cap_accepted, e.running)
             # At batch 1 the positions past the current cap, which its steps never reach, are
             # raised by EXPLORE standard errors; the ones it reaches are measured every step.
             unreached = jnp.arange(1, L + 1) > e.chosen + 1
@@ -583,14 +608,21 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     plain_block = max(steps_per_check, PLAIN_BLOCK)
 
     def learn(s: AdaptiveState, reached: jax.Array, hit: jax.Array, steps: jax.Array | None = None) -> AdaptiveState:
-        """s with both memories updated by per-position counts float32 [B, L] worth `steps`
+        """s with the memories updated by per-position counts float32 [B, L] worth `steps`
         float32 [B] speculative steps (None: one), the memories decayed once per step."""
         if steps is None:
-            short, long, weight = DECAY, LONG_DECAY, 1.0
+            short, long, cap, weight = DECAY, LONG_DECAY, CAP_DECAY, 1.0
         else:
-            short, long, weight = DECAY ** steps[:, None], LONG_DECAY ** steps[:, None], jnp.max(steps)
+            short, long, cap, weight = (DECAY ** steps[:, None], LONG_DECAY ** steps[:, None],
+                                        CAP_DECAY ** steps[:, None], jnp.max(steps))
+        long_reached, long_accepted = long * s.long_reached + reached, long * s.long_accepted + hit
+        if separate_cap_memory:
+            cap_reached, cap_accepted = cap * s.cap_reached + reached, cap * s.cap_accepted + hit
+        else:
+            cap_reached, cap_accepted = long_reached, long_accepted
         return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
-                         long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
+                         long_reached=long_reached, long_accepted=long_accepted,
+                         cap_reached=cap_reached, cap_accepted=cap_accepted,
                          long_steps=LONG_DECAY ** weight * s.long_steps + weight,
                          extra_prior=LONG_DECAY ** weight * s.extra_prior)
 
