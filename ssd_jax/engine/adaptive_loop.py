@@ -282,7 +282,8 @@ class AdaptiveState:
     speculative steps of whether the row's draft reached position k / had its k-th token
     accepted; long_reached, long_accepted: the same with the long memory, over long_steps
     float32 [] steps; cap_reached, cap_accepted: the same with the memory that chooses the cap
-    (CAP_DECAY where a batch caps its drafts with a model at T=0, else the long memory's sums);
+    (CAP_DECAY where a batch caps its drafts with a model at T=0; elsewhere unused, the long
+    memory choosing the cap);
     extra_prior float32 []: the steps' worth of the long memory's prior beyond
     PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft
     forwards a step ran over the cap's cap - 1; spec_steps int32 []: speculative steps of the current phase; wait
@@ -521,7 +522,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         outputs = s.decode.outputs
         return Evidence(running=~outputs.done, remaining=max_new - outputs.num_out, reached=s.reached,
                         accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
-                        cap_reached=s.cap_reached, cap_accepted=s.cap_accepted,
+                        cap_reached=s.cap_reached if separate_cap_memory else s.long_reached,
+                        cap_accepted=s.cap_accepted if separate_cap_memory else s.long_accepted,
                         probe_reached=s.long_reached - s.extra_prior * prior_reached,
                         forward_share=s.forward_share, chosen=s.chosen)
 
@@ -615,14 +617,10 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         else:
             short, long, cap, weight = (DECAY ** steps[:, None], LONG_DECAY ** steps[:, None],
                                         CAP_DECAY ** steps[:, None], jnp.max(steps))
-        long_reached, long_accepted = long * s.long_reached + reached, long * s.long_accepted + hit
         if separate_cap_memory:
-            cap_reached, cap_accepted = cap * s.cap_reached + reached, cap * s.cap_accepted + hit
-        else:
-            cap_reached, cap_accepted = long_reached, long_accepted
+            s = s.replace(cap_reached=cap * s.cap_reached + reached, cap_accepted=cap * s.cap_accepted + hit)
         return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
-                         long_reached=long_reached, long_accepted=long_accepted,
-                         cap_reached=cap_reached, cap_accepted=cap_accepted,
+                         long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
                          long_steps=LONG_DECAY ** weight * s.long_steps + weight,
                          extra_prior=LONG_DECAY ** weight * s.extra_prior)
 
