@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -262,6 +263,50 @@ def test_auto_switch_rule():
     for _ in range(ssd_auto.WARMUP_STEPS + 10):
         uneven.record(seconds=1.5, row_tokens=np.array([3.0, 1.0, 0.0]), live=np.array([True, True, False]))
     assert uneven.slower_than_plain() and uneven.cost_ratio() == pytest.approx(1.5)
+
+
+def test_batch_pace_takes_back_the_window_s_chance_lag_but_not_a_slow_row():
+    """The slowest of B rows lags by chance more over a few steps than over a call: pace() adds
+    back z_B sd (1/sqrt(n) - 1/sqrt(N_call)) to the window's slowest-row pace, never more than
+    the mean row's; a row that is slow every step (no spread) stays the pace."""
+    rng = np.random.default_rng(0)
+
+    def judged(call_tokens, tokens_by_step):
+        switch = ssd_auto.PlainSwitch(plain_step_s=1.0, call_tokens=call_tokens)
+        for row_tokens in tokens_by_step:
+            switch.record(seconds=1.0, row_tokens=row_tokens)
+        return switch
+
+    noisy = rng.choice([1.0, 5.0], size=(ssd_auto.WARMUP_STEPS + 12, 4))   # every row 3 a step on average
+    window = judged(0, noisy)
+    call = judged(128, noisy)
+    assert window.pace() == pytest.approx(window.tokens / window.weight)
+    mean_row = float(np.mean(call.row_sums[1] / call.row_sums[0]))
+    assert window.pace() < call.pace() <= mean_row
+    assert call.cost_ratio() == pytest.approx(1.0 / call.pace())
+    z4 = ssd_auto.expected_largest_normal(4)
+    assert z4 == pytest.approx(1.03, abs=0.03) and ssd_auto.expected_largest_normal(1) == 0.0
+    steady = np.tile([3.0, 3.0, 1.0, 3.0], (ssd_auto.WARMUP_STEPS + 12, 1))   # row 2: one token, every step
+    assert judged(128, steady).pace() == pytest.approx(1.0)
+
+
+def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_compiling_one(monkeypatch):
+    """The plain step that SSD's running mean is judged against: the first (compiling) run left
+    out, the trimmed mean of the next PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast
+    run does not set it (the best of the runs did, which made SSD that paid look slower)."""
+    seconds_per_run = iter([9.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8])   # 16 steps a run
+    clock = {"now": 0.0}
+
+    def run_chunk(state):
+        clock["now"] += next(seconds_per_run)
+        return np.zeros((2, 16)), np.array([16, 16])   # emitted, appended per row
+
+    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 6)
+    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
+    state = {"cache": jnp.zeros((2, 3))}
+    assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)
+    assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)   # remembered: no run
 
 
 # ---------------------------------------------------------------------------------- fan-out

@@ -145,6 +145,7 @@ class _Decode:
         eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
         prompt = (jnp.asarray(batch.tokens), jnp.asarray(batch.lengths))
         self.t_inputs = self.tgroup.put(prompt + (self.keys, jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos)))
+        self.max_new_tokens = max_new_tokens
         self.d_inputs = self.dgroup.put(prompt + (self.keys,))
         # The draft group's programs are dispatched from their own thread: on CPU with
         # jax_cpu_enable_async_dispatch=False each program runs in the thread that dispatches it,
@@ -183,7 +184,7 @@ class _Decode:
             key = ("ssd_plain", self.run.static, self.plan.capacity)
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
-            self.switch = ssd_auto.PlainSwitch(plain_s)
+            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens)
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)

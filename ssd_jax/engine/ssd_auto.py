@@ -4,13 +4,14 @@ switch to plain decoding when SSD measures slower than the target alone.
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
 extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
 running row furthest behind gained) to decayed sums (not the first WARMUP_STEPS steps, nor a
-step that compiled); once MIN_STEPS
-steps were judged, if
+step that compiled); once MIN_STEPS steps were judged, if
 
     seconds per token of SSD  >  seconds per token of plain decoding
 
-the loop finishes the call with `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target
-steps when streaming (streamed chunk by chunk), else one program for the rest of the call.
+(SSD's tokens at the batch's pace over the call, `PlainSwitch.pace`: the window's slowest row
+lags by chance more than a call's does), the loop finishes the call with
+`ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps when streaming (streamed
+chunk by chunk), else one program for the rest of the call.
 The verdict is remembered per (pair, method, sampling, shapes): once a call measured SSD slower,
 `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no draft work
 at all), but for a probe, which runs SSD again and renews the verdict (the machine's load, the
@@ -20,8 +21,9 @@ interval, up to PROBE_EVERY_MAX calls. A probe runs SSD's unjudged and judged st
 speed, so it costs in proportion to how much slower SSD is: with a probe every 8th call, "auto"
 read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired rounds of 4 calls), while near
 the break-even probes cost little and a verdict that chance made "slower" is soon renewed.
-The plain step's time is measured on that very program, once per program key and process: one
-chunk run on copies of the state after prefill (three runs, the first compiling; the best).
+The plain step's time is measured on that very program, once per program key and process: chunk
+runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS; their
+trimmed mean, `plain_step_seconds`).
 The switch uses only timings and past steps, never a step's target probabilities, so the output
 law stays the target's.
 """
@@ -29,6 +31,7 @@ law stays the target's.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import threading
 import time
 
@@ -36,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine.adaptive import Recent
+from ssd_jax.engine.adaptive import Recent, trimmed_mean
 from ssd_jax.engine.plain_verdicts import PlainVerdicts
 
 PLAIN_CHUNK = 16
@@ -48,22 +51,34 @@ DECAY = 0.85
 PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
+PLAIN_TIMED_RUNS = 6
 _PLAIN_STEP_S = Recent()
 _VERDICTS = PlainVerdicts()
 _LOCK = threading.Lock()
 
 
+def expected_largest_normal(count: int) -> float:
+    """The expected largest of `count` standard normal draws (Blom's approximation): 0 for one,
+    1.05 for four (exactly: 1.03), 1.43 for eight (1.42)."""
+    n = max(int(count), 1)
+    return 0.0 if n == 1 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
 @dataclasses.dataclass
 class PlainSwitch:
     """Decayed sums of SSD's step seconds and of the batch's pace (tokens per step of the row
-    furthest behind), against plain_step_s."""
+    furthest behind), against plain_step_s. call_tokens: the tokens a row decodes in the call
+    (the horizon at which the batch's pace is judged; 0: the window's pace as measured)."""
 
     plain_step_s: float
+    call_tokens: int = 0
     seconds: float = 0.0
     tokens: float = 0.0
+    weight: float = 0.0
     steps: int = 0
     seen: int = 0
     progress: np.ndarray | None = None
+    row_sums: np.ndarray | None = None   # float64 [3, B]: decayed steps, tokens, squared tokens
 
     def record(self, seconds: float, row_tokens, live=None, compiled: bool = False) -> None:
         """One SSD step that emitted row_tokens (float [B], or a number at batch 1) to the rows
@@ -77,6 +92,7 @@ class PlainSwitch:
         live = np.ones(row_tokens.shape, bool) if live is None else np.asarray(live, bool)
         if self.progress is None:
             self.progress = np.zeros(row_tokens.shape, np.float64)
+            self.row_sums = np.zeros((3,) + row_tokens.shape, np.float64)
         behind = np.min(self.progress[live])
         self.progress = self.progress + np.where(live, row_tokens, 0.0)
         pace = float(np.min(self.progress[live]) - behind)
@@ -85,36 +101,71 @@ class PlainSwitch:
             return
         self.seconds = DECAY * self.seconds + seconds
         self.tokens = DECAY * self.tokens + pace
+        self.weight = DECAY * self.weight + 1.0
+        counted = live.astype(np.float64)
+        self.row_sums = DECAY * self.row_sums + np.stack([counted, counted * row_tokens, counted * row_tokens ** 2])
         self.steps += 1
 
+    def pace(self) -> float:
+        """The batch's tokens per step over the call, from the window: the furthest-behind row's
+        pace there, with the part of its lag that is chance at the window's length but not at
+        the call's taken back. The lag of the slowest of B rows that each gain tokens with spread
+        sd per step is ~z_B sd sqrt(n) over n steps (z_B the expected largest of B standard
+        normals), z_B sd / sqrt(n) per step: over the ~7 steps of the window that is 2-3 times
+        what it is over a whole call, and a window's slowest row made SSD look slower than plain
+        decoding on every call where it ran 1.06-1.09x AR (batch 4, held-out code, T=0, one CPU
+        device: every call switched to plain at step 8). A row that is slow throughout stays
+        slow: only the rows' spread around their own means is taken back, and never past the
+        mean row's pace."""
+        if self.weight <= 0:
+            return 0.0
+        window = self.tokens / self.weight
+        live = self.row_sums[0] > 1.0
+        if self.call_tokens <= 0 or np.count_nonzero(live) < 2:
+            return window
+        steps, total, squares = self.row_sums[:, live]
+        means = total / steps
+        spread = float(np.sqrt(np.mean(np.maximum(squares / steps - means ** 2, 0.0) * steps / (steps - 1))))
+        mean_row = float(np.mean(means))
+        call_steps = self.call_tokens / max(mean_row, 1e-9)
+        shrink = max(1.0 / np.sqrt(self.weight) - 1.0 / np.sqrt(max(call_steps, self.weight)), 0.0)
+        return min(window + expected_largest_normal(np.count_nonzero(live)) * spread * shrink, max(mean_row, window))
+
     def slower_than_plain(self) -> bool:
-        return self.steps >= MIN_STEPS and self.seconds > self.plain_step_s * self.tokens
+        return self.steps >= MIN_STEPS and self.cost_ratio() > 1.0
 
     def cost_ratio(self) -> float:
-        """SSD's decayed seconds per token over plain decoding's (> 1: SSD is slower); 1.0 before
-        any judged step."""
-        return self.seconds / (self.plain_step_s * self.tokens) if self.tokens > 0 else 1.0
+        """SSD's decayed seconds per token (at the batch's pace, `pace`) over plain decoding's
+        (> 1: SSD is slower); 1.0 before any judged step."""
+        pace = self.pace()
+        return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
 
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
-    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: three runs (the
-    first compiles), the best."""
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: a first run (it
+    compiles), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not their best: SSD's side of the
+    comparison is a running mean of its steps, and against the best of two plain runs a call
+    that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU device: fixed L=4 1.06x and
+    1.09x AR in two processes) was judged slower and decoded 99% of its steps plainly (0.95x and
+    0.99x AR)."""
     with _LOCK:
         known = _PLAIN_STEP_S.lookup(key)
     if known is not None:
         return known
-    best = np.inf
-    for _ in range(3):   # the first run compiles
+    per_step = []
+    for run in range(PLAIN_TIMED_RUNS + 1):   # the first run compiles
         copy = jax.tree.map(jnp.copy, state)
         jax.block_until_ready(copy)
         start = time.perf_counter()
         out = jax.block_until_ready(run_chunk(copy))
         steps = max(int(np.max(np.asarray(out[1]))), 1)
-        best = min(best, (time.perf_counter() - start) / steps)
+        if run:
+            per_step.append((time.perf_counter() - start) / steps)
+    seconds = trimmed_mean(per_step)
     with _LOCK:
-        _PLAIN_STEP_S.store(key, best)
-    return best
+        _PLAIN_STEP_S.store(key, seconds)
+    return seconds
 
 
 def starts_plain(key) -> bool:
