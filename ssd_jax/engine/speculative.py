@@ -233,7 +233,13 @@ class SpeculativeParts:
             # width are spent whatever the draft's confidence, and a proposal cut at its first
             # unsure token (`draft_path_until_unsure`'s rule) only gives up tokens (SD at batch 1,
             # code, T=0, forced cap 8: 96 steps with the cut, against fixed L=8's 91).
-            proposed = jnp.where(active, jnp.minimum(limit, n), 0).astype(jnp.int32)
+            if width is None:
+                proposed = jnp.where(active, jnp.minimum(limit, n), 0).astype(jnp.int32)
+            else:
+                # Dispatched per run of steps, the loop's caps are the dispatched widths, so every
+                # row proposes n, a constant as in a fixed-length program (the verifier's masks and
+                # gathers then fold as they do there); rows that are done are not counted.
+                proposed = jnp.full((b,), n, jnp.int32)
             result, tcache = self._verify_path(tcache, cur, paths, q, proposed, active, verify_keys)
             padded = jnp.zeros((b, L), jnp.int32).at[:, :n].set(paths)
             return result, tcache, dcache, padded, proposed, jnp.asarray(n - 1, jnp.int32)
