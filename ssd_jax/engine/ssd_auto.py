@@ -59,7 +59,8 @@ _LOCK = threading.Lock()
 
 def expected_largest_normal(count: int) -> float:
     """The expected largest of `count` standard normal draws (Blom's approximation): 0 for one,
-    1.05 for four (exactly: 1.03), 1.43 for eight (1.42)."""
+    1.05 for four (exactly: 1.03), 1.43 for eight (1.42). The host twin of
+    `ssd_jax.engine.adaptive_loop.expected_largest_normal` (traced there), for SSD's host loop."""
     n = max(int(count), 1)
     return 0.0 if n == 1 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
@@ -74,7 +75,6 @@ class PlainSwitch:
     call_tokens: int = 0
     seconds: float = 0.0
     tokens: float = 0.0
-    weight: float = 0.0
     steps: int = 0
     seen: int = 0
     progress: np.ndarray | None = None
@@ -101,10 +101,14 @@ class PlainSwitch:
             return
         self.seconds = DECAY * self.seconds + seconds
         self.tokens = DECAY * self.tokens + pace
-        self.weight = DECAY * self.weight + 1.0
         counted = live.astype(np.float64)
         self.row_sums = DECAY * self.row_sums + np.stack([counted, counted * row_tokens, counted * row_tokens ** 2])
         self.steps += 1
+
+    @property
+    def weight(self) -> float:
+        """The judged steps' decayed count (the sums' effective number of steps)."""
+        return (1.0 - DECAY ** self.steps) / (1.0 - DECAY)
 
     def pace(self) -> float:
         """The batch's tokens per step over the call, from the window: the furthest-behind row's
