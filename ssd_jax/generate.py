@@ -339,18 +339,25 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     if not method.adaptive:
         return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
                             **ssd_engine_options(method))
-    # "auto": L from the cost model (the draft-model methods' one) and the remembered acceptance.
+    # "auto": L from the cost model (the draft-model methods' one, plus SSD's own step overhead
+    # measured on the program's past calls) and the acceptance of their batch's pace (before any:
+    # the remembered acceptance).
     start = time.perf_counter()
     costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
                                    method.max_draft_len)
     memory = adaptive.acceptance_key(target, draft, method, sampling)
-    options = ssd_engine_options(method, adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory),
-                                                                   method.max_draft_len))
+    paced = ssd_auto.pace_acceptance(verdict_key)
+    draft_len = adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory) if paced is None else paced,
+                                          method.max_draft_len, step_overhead_s=ssd_auto.step_overhead(verdict_key))
+    options = ssd_engine_options(method, draft_len)
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True,
                        verdict_key=verdict_key, **options)
     observed = adaptive.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
     adaptive.ACCEPTANCE.update(memory, observed)
+    if out.stats.get("judged_step_s") is not None:
+        ssd_auto.remember_step(verdict_key, draft_len, out.stats["judged_step_s"], out.stats["judged_pace_tokens"],
+                               costs.spec_step(draft_len))
     out.stats.update(observed_acceptance=observed, cost_measure_time_s=out.stats["cost_measure_time_s"] + measure_s)
     return out
 

@@ -182,7 +182,10 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     target, draft = models
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 3)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 3)   # the backoff: test_probes_back_off
+    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)  # each call's own ratio (the mean: its own test)
+    monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 1)      # so that a 40-token call is judged
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 2.0)
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
     got: list[list[int]] = [[] for _ in prompts]
 
@@ -201,6 +204,7 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     assert [call() for _ in range(2)] == [(0, 0), (0, 0)]
     assert call() == (1, 1)                      # the probe: SSD again
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 0.5)
     assert call() == (0, 0)
     assert call() == (0, 0)
     first = call()                               # the probe finds SSD faster ...
@@ -215,6 +219,7 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
     probe near the break-even or one where SSD paid."""
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 8)
+    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)   # each call's own ratio decides
     key = ("program",)
 
     def calls_until_probe() -> int:
@@ -225,19 +230,106 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
 
     much_slower = ssd_auto.BACKOFF_RATIO + 0.01
     assert not ssd_auto.starts_plain(key)        # nothing known: run SSD
-    ssd_auto.remember(key, slower=True, cost_ratio=much_slower)
+    ssd_auto.remember(key, much_slower)
     gaps = []
     for _ in range(5):
         gaps.append(calls_until_probe())
-        ssd_auto.remember(key, slower=True, cost_ratio=much_slower)   # the probe: clearly slower again
+        ssd_auto.remember(key, much_slower)   # the probe: clearly slower again
     assert gaps == [2, 4, 8, 8, 8]
     calls_until_probe()
-    ssd_auto.remember(key, slower=True, cost_ratio=1.05)   # slower, but near the break-even
+    ssd_auto.remember(key, 1.05)   # slower, but near the break-even
     assert calls_until_probe() == 2
-    ssd_auto.remember(key, slower=False, cost_ratio=0.8)    # a probe found SSD faster: it runs every call
+    ssd_auto.remember(key, 0.8)    # a probe found SSD faster: it runs every call
     assert not ssd_auto.starts_plain(key) and not ssd_auto.starts_plain(key)
-    ssd_auto.remember(key, slower=True, cost_ratio=much_slower)
+    ssd_auto.remember(key, much_slower)
     assert calls_until_probe() == 2
+
+
+def test_verdict_is_the_recent_calls_mean_log_ratio():
+    """One prompt where SSD is slower, among prompts where it pays, does not send the program's
+    calls to plain decoding (the last call's verdict did: 42-63% of the steps plain on held-out
+    code where SSD paid 1.3x); where most calls are slower, they start plain."""
+    key = ("program",)
+    for _ in range(6):
+        for ratio in (0.6, 0.55, 1.5, 0.65):
+            ssd_auto.remember(key, ratio)
+            assert not ssd_auto.starts_plain(key)
+    assert ssd_auto.prior_log_ratio(key) < 0
+    for ratio in (1.4, 1.3, 0.9, 1.3, 1.25):
+        ssd_auto.remember(key, ratio)
+    assert ssd_auto.prior_log_ratio(key) > 0 and ssd_auto.starts_plain(key)
+    ssd_auto.forget()
+    assert ssd_auto.prior_log_ratio(key) is None and not ssd_auto.starts_plain(key)
+
+
+def test_switch_weighs_the_program_s_recent_calls():
+    """Where the program's calls paid (prior log ratio < 0), a stretch somewhat slower than plain
+    decoding does not end SSD, but a call far slower throughout still switches; with no prior the
+    window alone decides; a prior of "slower" ends a probe near the break-even."""
+
+    def first_switch(window_ratio: float, prior, steps: int = 30):
+        switch = ssd_auto.PlainSwitch(plain_step_s=1.0, prior_log_ratio=prior)
+        for step in range(ssd_auto.WARMUP_STEPS + steps):
+            switch.record(seconds=window_ratio, row_tokens=1.0)
+            if switch.slower_than_plain():
+                return switch.steps
+        return None
+
+    assert first_switch(1.2, None) == ssd_auto.MIN_STEPS
+    assert first_switch(1.2, np.log(0.6), steps=12) is None
+    assert first_switch(1.2, np.log(0.6)) > ssd_auto.MIN_STEPS + 8   # slower for long enough: it ends
+    assert ssd_auto.MIN_STEPS <= first_switch(2.0, np.log(0.6)) <= ssd_auto.MIN_STEPS + 4
+    assert first_switch(0.95, np.log(1.3)) == ssd_auto.MIN_STEPS
+    assert first_switch(0.8, None) is None
+
+
+def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
+    """SSD's own cost per step (measured on its calls, beyond the model's target(L+1) + L draft)
+    makes longer drafts pay: at prices like the embedded pair's on CPU the model alone stops short
+    of the maximum where SSD ran fastest at it (held-out code, batch 1); at low acceptance the
+    draft stays short."""
+    from ssd_jax.engine import adaptive
+
+    costs = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
+    assert adaptive.choose_draft_len(costs, 0.8, 6) < 6
+    key = ("program",)
+    assert ssd_auto.step_overhead(key) == 0.0
+    assert ssd_auto.pace_acceptance(key) is None
+    # 2.1 + 0.25 L forwards a step, 4.03 tokens a step at L=4
+    ssd_auto.remember_step(key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))
+    assert ssd_auto.step_overhead(key) == pytest.approx(3.1 - costs.spec_step(4))
+    paced = ssd_auto.pace_acceptance(key)
+    assert adaptive.expected_tokens(paced, 4) == pytest.approx(4.03, abs=1e-6)
+    assert adaptive.choose_draft_len(costs, paced, 6, step_overhead_s=ssd_auto.step_overhead(key)) == 6
+    assert adaptive.choose_draft_len(costs, 0.3, 6, step_overhead_s=ssd_auto.step_overhead(key)) <= 3
+    # A call whose batch gained one token a step (its slowest row accepted nothing): acceptance 0.
+    ssd_auto.remember_step(key, 4, judged_step_s=0.5, pace_tokens=1.0, model_step_s=costs.spec_step(4))
+    assert ssd_auto.step_overhead(key) == pytest.approx((3.1 - costs.spec_step(4)) / 2)   # never below 0
+    assert ssd_auto.pace_acceptance(key) == pytest.approx(paced / 2, abs=1e-6)
+    assert ssd_auto.acceptance_for_tokens(2.2, 4) < ssd_auto.acceptance_for_tokens(4.03, 4)
+    assert ssd_auto.acceptance_for_tokens(0.5, 4) == pytest.approx(0.0, abs=1e-6)
+    monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")   # a call must not depend on the ones before
+    assert ssd_auto.step_overhead(key) == 0.0 and ssd_auto.pace_acceptance(key) is None
+
+
+def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not():
+    """The verdict's ratio is over every SSD step of the call (the next call pays the warm-up
+    too), but a step that compiled; the step time and pace the length is chosen from, and the
+    next calls' switch prior, are the judged steps' (SSD's steady state)."""
+    switch = ssd_auto.PlainSwitch(plain_step_s=1.0)
+    assert switch.call_ratio() == 1.0 and switch.judged_step_s() is None
+    switch.record(seconds=900.0, row_tokens=1.0, compiled=True)   # not counted anywhere
+    for _ in range(ssd_auto.WARMUP_STEPS - 1):
+        switch.record(seconds=3.0, row_tokens=1.0)      # not judged, but paid
+    for seconds in (4.0, 2.0, 2.0, 2.0):
+        switch.record(seconds=seconds, row_tokens=2.0)
+    warm_up = ssd_auto.WARMUP_STEPS - 1
+    assert switch.call_ratio() == pytest.approx((3.0 * warm_up + 10.0) / (warm_up + 8.0))
+    assert switch.judged_step_s() == pytest.approx(2.5) and switch.judged_pace() == pytest.approx(2.0)
+    assert switch.judged_ratio() == pytest.approx(10.0 / 8.0)
+    ssd_auto.remember(("program",), switch.call_ratio(), switch.judged_ratio())
+    assert ssd_auto.prior_log_ratio(("program",)) == pytest.approx(np.log(10.0 / 8.0))   # the steady state's
+    assert ssd_auto.starts_plain(("program",))                                         # the whole call's
 
 
 def test_auto_switch_rule():

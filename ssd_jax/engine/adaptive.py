@@ -78,13 +78,18 @@ def expected_tokens(acceptance: float, draft_len: int) -> float:
     return (1 - a ** (draft_len + 1)) / (1 - a)
 
 
-def predicted_speedup(costs: StepCosts, acceptance: float, draft_len: int, paths: int = 1) -> float:
-    return expected_tokens(acceptance, draft_len) * costs.target(1) / costs.spec_step(draft_len, paths)
+def predicted_speedup(costs: StepCosts, acceptance: float, draft_len: int, paths: int = 1,
+                      step_overhead_s: float = 0.0) -> float:
+    """E(L) target(1) / (T(L) + step_overhead_s): step_overhead_s is a method's own cost per step
+    beyond the forwards (SSD's host loop and cache lookups, measured on its calls)."""
+    return expected_tokens(acceptance, draft_len) * costs.target(1) / (costs.spec_step(draft_len, paths)
+                                                                       + step_overhead_s)
 
 
-def choose_draft_len(costs: StepCosts, acceptance: float, max_draft_len: int, paths: int = 1) -> int:
+def choose_draft_len(costs: StepCosts, acceptance: float, max_draft_len: int, paths: int = 1,
+                     step_overhead_s: float = 0.0) -> int:
     """L* in 1..max_draft_len maximising the predicted speedup (ties: the shorter)."""
-    speedups = [predicted_speedup(costs, acceptance, n, paths) for n in range(1, max_draft_len + 1)]
+    speedups = [predicted_speedup(costs, acceptance, n, paths, step_overhead_s) for n in range(1, max_draft_len + 1)]
     return 1 + int(np.argmax(np.round(speedups, 6)))
 
 

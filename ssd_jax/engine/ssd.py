@@ -184,7 +184,8 @@ class _Decode:
             key = ("ssd_plain", self.run.static, self.plan.capacity)
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
-            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens)
+            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens,
+                                               prior_log_ratio=ssd_auto.prior_log_ratio(self.verdict_key))
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)
@@ -315,8 +316,8 @@ class _Decode:
             self.next_speculation(cache, accepted, next_token)
         judged = self.switched_at is not None or (self.switch is not None and self.switch.steps >= ssd_auto.MIN_STEPS)
         if self.verdict_key is not None and judged:
-            ssd_auto.remember(self.verdict_key, slower=self.switched_at is not None,
-                              cost_ratio=self.switch.cost_ratio() if self.switch is not None else 1.0)
+            ssd_auto.remember(self.verdict_key, *((self.switch.call_ratio(), self.switch.judged_ratio())
+                                                  if self.switch is not None else (1.0,)))
 
 
 def generate_ssd(
@@ -366,6 +367,8 @@ def generate_ssd(
     if auto:
         extra.update(adaptive=True, planned_draft_len=num_draft_tokens, switched_to_plain_at_step=decode.switched_at,
                      plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
+                     judged_step_s=decode.switch.judged_step_s() if decode.switch is not None else None,
+                     judged_pace_tokens=decode.switch.judged_pace() if decode.switch is not None else None,
                      cost_measure_time_s=decode.measure_s)
     out = generate_output("ssd", outputs.out, outputs.num_out, outputs.finish, counters, wall,
                              decode.run.compile_s, extra)

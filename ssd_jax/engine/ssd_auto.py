@@ -1,6 +1,11 @@
 """SSD under draft_len="auto": the draft length chosen per call by the cost model, and a host-side
 switch to plain decoding when SSD measures slower than the target alone.
 
+The length: the synchronous methods' cost model (`ssd_jax.engine.adaptive.choose_draft_len`)
+with SSD's own cost per step added (`step_overhead`: what its judged steps took beyond the
+model's target(L+1) + L draft forwards, measured on the program's recent calls) and, once a call
+was judged, the acceptance its batch's pace implies (`pace_acceptance`).
+
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
 extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
 running row furthest behind gained) to decayed sums (not the first WARMUP_STEPS steps, nor a
@@ -9,23 +14,32 @@ step that compiled); once MIN_STEPS steps were judged, if
     seconds per token of SSD  >  seconds per token of plain decoding
 
 (SSD's tokens at the batch's pace over the call, `PlainSwitch.pace`: the window's slowest row
-lags by chance more than a call's does), the loop finishes the call with
+lags by chance more than a call's does; the ratio's log weighed against the program's recent
+calls', `PlainSwitch.slower_than_plain`), the loop finishes the call with
 `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps when streaming (streamed
 chunk by chunk), else one program for the rest of the call.
-The verdict is remembered per (pair, method, sampling, shapes): once a call measured SSD slower,
-`ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no draft work
-at all), but for a probe, which runs SSD again and renews the verdict (the machine's load, the
-prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th call;
-each probe that finds SSD at least BACKOFF_RATIO times slower per token again doubles the
-interval, up to PROBE_EVERY_MAX calls. A probe runs SSD's unjudged and judged steps at SSD's
-speed, so it costs in proportion to how much slower SSD is: with a probe every 8th call, "auto"
-read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired rounds of 4 calls), while near
-the break-even probes cost little and a verdict that chance made "slower" is soon renewed.
+
+The verdict is remembered per (pair, method, sampling, shapes), and it is the recent calls'
+verdict, not the last one's: the mean of their log cost ratios over their SSD steps
+(`PlainSwitch.call_ratio`), each call weighted VERDICT_WEIGHT against the calls before it. While that mean says SSD is
+slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no
+draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
+the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
+call; each probe after which the mean still finds SSD at least BACKOFF_RATIO times slower per
+token doubles the interval, up to PROBE_EVERY_MAX calls. One call is not enough: the key covers
+every prompt of those shapes, and SSD's speed differs by prompt (held-out code, batch 1, T=0, one
+CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per token, one at 1.47 that
+switched; remembering the last call's verdict sent the three to plain decoding after it, 42-63%
+of all steps plain, 1.14-1.24x AR where fixed L=4 ran 1.28-1.32x). A probe runs SSD's unjudged
+and judged steps at SSD's speed, so it costs in proportion to how much slower SSD is: with a
+probe every 8th call, "auto" read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired
+rounds of 4 calls), while near the break-even probes cost little.
+
 The plain step's time is measured on that very program, once per program key and process: chunk
 runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS; their
 trimmed mean, `plain_step_seconds`).
-The switch uses only timings and past steps, never a step's target probabilities, so the output
-law stays the target's.
+The switch and the length use only timings and past steps, never a step's target probabilities,
+so the output law stays the target's.
 """
 
 from __future__ import annotations
@@ -39,18 +53,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine.adaptive import Recent, trimmed_mean
+from ssd_jax.draft import fanout
+from ssd_jax.engine.adaptive import Recent, expected_tokens, timings_allowed, trimmed_mean
 from ssd_jax.engine.plain_verdicts import PlainVerdicts
 
 PLAIN_CHUNK = 16
 # Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
-# the critical path), so they are slower than SSD's steady state. Then MIN_STEPS judged steps.
-WARMUP_STEPS = 2
+# the critical path), and until the fan-out estimate's warm-up ends the cache is laid out for a
+# default acceptance, not the call's: slower than SSD's steady state (held-out code at batch 1,
+# T=0, one CPU device: calls whose steps 3-10 ran 1.1-1.8x plain decoding's seconds per token ran
+# 0.5-0.7x over the rest, and judged from step 3 they switched to plain: 0.84-0.95x AR where not
+# switching ran 1.14-1.62x). Then MIN_STEPS judged steps.
+WARMUP_STEPS = fanout.WARMUP_STEPS
 MIN_STEPS = 6
 DECAY = 0.85
 PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
+VERDICT_WEIGHT = 0.25   # a judged call's weight in its key's mean log cost ratio (~4 calls' memory)
+PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps
+OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 _PLAIN_STEP_S = Recent()
 _VERDICTS = PlainVerdicts()
@@ -69,13 +91,21 @@ def expected_largest_normal(count: int) -> float:
 class PlainSwitch:
     """Decayed sums of SSD's step seconds and of the batch's pace (tokens per step of the row
     furthest behind), against plain_step_s. call_tokens: the tokens a row decodes in the call
-    (the horizon at which the batch's pace is judged; 0: the window's pace as measured)."""
+    (the horizon at which the batch's pace is judged; 0: the window's pace as measured).
+    prior_log_ratio: the program's recent calls' mean log cost ratio over their judged steps
+    (`prior_log_ratio`; None: no call judged yet), which the switch weighs as PRIOR_STEPS judged
+    steps of this call."""
 
     plain_step_s: float
     call_tokens: int = 0
+    prior_log_ratio: float | None = None
     seconds: float = 0.0
     tokens: float = 0.0
     steps: int = 0
+    judged_seconds: float = 0.0       # undecayed sums over the judged steps
+    judged_pace_tokens: float = 0.0
+    spent_seconds: float = 0.0        # ... and over every step but those that compiled
+    spent_pace_tokens: float = 0.0
     seen: int = 0
     progress: np.ndarray | None = None
     row_sums: np.ndarray | None = None   # float64 [3, B]: decayed steps, tokens, squared tokens
@@ -97,10 +127,16 @@ class PlainSwitch:
         self.progress = self.progress + np.where(live, row_tokens, 0.0)
         pace = float(np.min(self.progress[live]) - behind)
         self.seen += 1
-        if compiled or self.seen <= WARMUP_STEPS:
+        if compiled:
+            return
+        self.spent_seconds += seconds
+        self.spent_pace_tokens += pace
+        if self.seen <= WARMUP_STEPS:
             return
         self.seconds = DECAY * self.seconds + seconds
         self.tokens = DECAY * self.tokens + pace
+        self.judged_seconds += seconds
+        self.judged_pace_tokens += pace
         counted = live.astype(np.float64)
         self.row_sums = DECAY * self.row_sums + np.stack([counted, counted * row_tokens, counted * row_tokens ** 2])
         self.steps += 1
@@ -136,7 +172,48 @@ class PlainSwitch:
         return min(window + expected_largest_normal(np.count_nonzero(live)) * spread * shrink, max(mean_row, window))
 
     def slower_than_plain(self) -> bool:
-        return self.steps >= MIN_STEPS and self.cost_ratio() > 1.0
+        """Whether to finish the call plainly: after MIN_STEPS judged steps, the log of the
+        window's `cost_ratio`, weighed as the judged steps' count against the program's recent
+        calls' mean (`prior_log_ratio`) as PRIOR_STEPS steps, is above 0. SSD's speed differs
+        within a call: a stretch near or above the break-even can precede one far below it
+        (held-out code, batch 1, T=0, one CPU device: windows of 0.9-1.1 at steps 9-18, 0.65
+        after, 1.14-1.26x AR over the call); where the program's calls have paid, one such stretch
+        does not end SSD, while a call slower throughout still switches within a few steps (and
+        where they have not paid, the calls start plain but for probes, which the prior then
+        ends sooner)."""
+        if self.steps < MIN_STEPS:
+            return False
+        judged = np.log(self.cost_ratio())
+        if self.prior_log_ratio is None:
+            return judged > 0.0
+        return (self.steps * judged + PRIOR_STEPS * self.prior_log_ratio) / (self.steps + PRIOR_STEPS) > 0.0
+
+    def judged_step_s(self) -> float | None:
+        """The mean seconds of the call's judged steps (None: none judged)."""
+        return self.judged_seconds / self.steps if self.steps else None
+
+    def judged_pace(self) -> float | None:
+        """The batch's pace over the call's judged steps, tokens per step (None: none judged)."""
+        return self.judged_pace_tokens / self.steps if self.steps else None
+
+    def judged_ratio(self) -> float:
+        """SSD's seconds per token over plain decoding's over the call's judged steps (its steady
+        state, which the next calls' switch weighs its window against); 1.0 before any."""
+        if self.judged_pace_tokens <= 0:
+            return 1.0
+        return self.judged_seconds / (self.plain_step_s * self.judged_pace_tokens)
+
+    def call_ratio(self) -> float:
+        """SSD's seconds per token over plain decoding's over all the call's SSD steps but those
+        that compiled (at the pace of the row furthest behind; what the call adds to its
+        program's verdict, `remember`); 1.0 before any. The warm-up steps count here, though the
+        switch does not judge them: a call that runs SSD pays for them, and without them the
+        verdict favoured SSD where it lost (badguess, batch 1, T=1: SSD 0.93x AR, "auto" 0.92x
+        with 42% of its steps speculating). The switch's prior is the steady state's,
+        `judged_ratio`."""
+        if self.spent_pace_tokens <= 0:
+            return 1.0
+        return self.spent_seconds / (self.plain_step_s * self.spent_pace_tokens)
 
     def cost_ratio(self) -> float:
         """SSD's decayed seconds per token (at the batch's pace, `pace`) over plain decoding's
@@ -173,18 +250,116 @@ def plain_step_seconds(key, run_chunk, state) -> float:
 
 
 def starts_plain(key) -> bool:
-    """Whether a call of the program `key` decodes plainly from the start: the last call that ran
-    SSD measured it slower, and this call is not a probe (see the module's docstring)."""
+    """Whether a call of the program `key` decodes plainly from the start: the recent calls that
+    ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
+    module's docstring)."""
     return _VERDICTS.starts_plain(key)
 
 
-def remember(key, slower: bool, cost_ratio: float = 1.0) -> None:
-    """The verdict of a call that ran SSD long enough to judge (see `starts_plain`); cost_ratio:
-    its `PlainSwitch.cost_ratio`. A probe that finds SSD slower again by at least BACKOFF_RATIO
-    doubles the calls between probes; any other verdict sets them to PROBE_EVERY."""
-    _VERDICTS.remember(key, slower, back_off=cost_ratio >= BACKOFF_RATIO, first=PROBE_EVERY, most=PROBE_EVERY_MAX)
+class DecayedMeans:
+    """Per key: a mean of the values added, each weighted `weight` against those before it; the
+    most recent keys only."""
+
+    def __init__(self, weight: float, limit: int = 256):
+        self.weight = weight
+        self._values = Recent(limit)
+
+    def lookup(self, key) -> float | None:
+        return self._values.lookup(key)
+
+    def add(self, key, value: float) -> float:
+        """Adds a value; returns the key's new mean."""
+        before = self._values.lookup(key)
+        mean = float(value) if before is None else (1.0 - self.weight) * before + self.weight * float(value)
+        self._values.store(key, mean)
+        return mean
+
+    def clear(self) -> None:
+        self._values.clear()
+
+
+# Per program key: recent judged calls' log cost ratios (> 0: SSD slower than plain decoding)
+# over their SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
+# overhead in seconds (`step_overhead`), and the acceptance of its batch's pace.
+_RATIOS = DecayedMeans(VERDICT_WEIGHT)
+_STEADY_RATIOS = DecayedMeans(VERDICT_WEIGHT)
+_OVERHEADS = DecayedMeans(OVERHEAD_WEIGHT)
+_PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT)
+
+
+def prior_log_ratio(key) -> float | None:
+    """The program's recent judged calls' mean log cost ratio over their judged steps, SSD's
+    steady state (`PlainSwitch.prior_log_ratio`)."""
+    with _LOCK:
+        return _STEADY_RATIOS.lookup(key)
+
+
+def step_overhead(key) -> float:
+    """Seconds a step of SSD's program `key` took beyond the cost model's speculative step
+    (target(L+1) + L draft forwards) on its recent calls; 0.0 before one was judged (and under
+    SSD_JAX_DETERMINISTIC_AUTO=1). SSD's step carries a fixed cost of its own (the host loop, the
+    cache lookup, the draft's cache build and, on one device, its share of the device), which
+    favours longer drafts than the synchronous methods': on one CPU device its steps took the
+    time of 2.1 + 0.25 L target forwards (held-out code, batch 1, T=0: L=2 ran 1.00x AR, 4 1.28x,
+    6 1.39x), where the model without it chose L of 2-4."""
+    if not timings_allowed():
+        return 0.0
+    with _LOCK:
+        return _OVERHEADS.lookup(key) or 0.0
+
+
+def pace_acceptance(key) -> float | None:
+    """The per-position acceptance at which the cost model's E(L) equals the tokens per step of
+    the batch's pace (its row furthest behind) on the program's recent calls; None before one was
+    judged (and under SSD_JAX_DETERMINISTIC_AUTO=1). A batch of rows runs until its last row is
+    done, so the rows' pooled acceptance overstates what a longer draft gains it (held-out code,
+    batch 4, T=1, one CPU device: L=4 ran 1.04x and 0.97x AR where L=6 ran 0.95x and 0.89x, in
+    two processes; with SSD's overhead, the pooled acceptance chose 5.6 on average, the pace's
+    3.9)."""
+    if not timings_allowed():
+        return None
+    with _LOCK:
+        return _PACE_ACCEPTANCE.lookup(key)
+
+
+def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float, model_step_s: float) -> None:
+    """A judged call at draft_len: its mean judged step seconds against the cost model's step at
+    that length (the difference, never below 0, joins `step_overhead`) and its batch's pace in
+    tokens per step (joins `pace_acceptance`)."""
+    accepted = acceptance_for_tokens(pace_tokens, draft_len)
+    with _LOCK:
+        _OVERHEADS.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
+        _PACE_ACCEPTANCE.add(key, accepted)
+
+
+def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
+    """The acceptance a in [0, 0.999] with E(draft_len, a) = tokens_per_step (bisection; E rises
+    with a), tokens_per_step clipped to [1, draft_len + 1]."""
+    target = min(max(float(tokens_per_step), 1.0), draft_len + 1.0)
+    low, high = 0.0, 0.999
+    for _ in range(40):
+        mid = 0.5 * (low + high)
+        low, high = (mid, high) if expected_tokens(mid, draft_len) < target else (low, mid)
+    return 0.5 * (low + high)
+
+
+def remember(key, call_ratio: float, judged_ratio: float | None = None) -> None:
+    """A call that ran SSD long enough to judge, with its `PlainSwitch.call_ratio` and
+    `judged_ratio` (None: the call ratio). The next calls start plain (`starts_plain`) while the
+    key's mean log call ratio over recent calls is above 0; a probe after which that mean is at
+    least log(BACKOFF_RATIO) doubles the calls between probes; any other verdict sets them to
+    PROBE_EVERY."""
+    judged_ratio = call_ratio if judged_ratio is None else judged_ratio
+    with _LOCK:
+        mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
+        _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
+    _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=PROBE_EVERY,
+                       most=PROBE_EVERY_MAX)
 
 
 def forget() -> None:
     """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
     _VERDICTS.forget()
+    with _LOCK:
+        for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
+            means.clear()
