@@ -213,6 +213,23 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     assert second[0] is None and second[1] > 1
 
 
+def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
+    """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
+    its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start
+    plain; the switch's prior (the judged steps' ratio) is left unset."""
+    target, draft = models
+    monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 100)    # every step of these calls in the warm-up
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 1.5)
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
+    first = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+    assert first.tokens == reference.tokens and first.stats["switched_to_plain_at_step"] is None
+    assert first.stats["ssd_steps"] < ssd_auto.WARMUP_STEPS + ssd_auto.MIN_STEPS
+    second = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+    assert second.tokens == reference.tokens and second.stats["plain_from_start"]
+    key = next(iter(ssd_auto._RATIOS._values))
+    assert ssd_auto.prior_log_ratio(key) is None
+
+
 def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
     """Calls between probes: PROBE_EVERY after a first "slower" verdict, doubled by every probe
     that finds SSD BACKOFF_RATIO slower again (up to PROBE_EVERY_MAX), back to PROBE_EVERY after a
@@ -230,18 +247,18 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
 
     much_slower = ssd_auto.BACKOFF_RATIO + 0.01
     assert not ssd_auto.starts_plain(key)        # nothing known: run SSD
-    ssd_auto.remember(key, much_slower)
+    ssd_auto.remember(key, much_slower, much_slower)
     gaps = []
     for _ in range(5):
         gaps.append(calls_until_probe())
-        ssd_auto.remember(key, much_slower)   # the probe: clearly slower again
+        ssd_auto.remember(key, much_slower, much_slower)   # the probe: clearly slower again
     assert gaps == [2, 4, 8, 8, 8]
     calls_until_probe()
-    ssd_auto.remember(key, 1.05)   # slower, but near the break-even
+    ssd_auto.remember(key, 1.05, 1.05)   # slower, but near the break-even
     assert calls_until_probe() == 2
-    ssd_auto.remember(key, 0.8)    # a probe found SSD faster: it runs every call
+    ssd_auto.remember(key, 0.8, 0.8)    # a probe found SSD faster: it runs every call
     assert not ssd_auto.starts_plain(key) and not ssd_auto.starts_plain(key)
-    ssd_auto.remember(key, much_slower)
+    ssd_auto.remember(key, much_slower, much_slower)
     assert calls_until_probe() == 2
 
 
@@ -252,11 +269,11 @@ def test_verdict_is_the_recent_calls_mean_log_ratio():
     key = ("program",)
     for _ in range(6):
         for ratio in (0.6, 0.55, 1.5, 0.65):
-            ssd_auto.remember(key, ratio)
+            ssd_auto.remember(key, ratio, ratio)
             assert not ssd_auto.starts_plain(key)
     assert ssd_auto.prior_log_ratio(key) < 0
     for ratio in (1.4, 1.3, 0.9, 1.3, 1.25):
-        ssd_auto.remember(key, ratio)
+        ssd_auto.remember(key, ratio, ratio)
     assert ssd_auto.prior_log_ratio(key) > 0 and ssd_auto.starts_plain(key)
     ssd_auto.forget()
     assert ssd_auto.prior_log_ratio(key) is None and not ssd_auto.starts_plain(key)

@@ -314,10 +314,11 @@ class _Decode:
                     self.finish_plain(next_token)
                     break
             self.next_speculation(cache, accepted, next_token)
-        judged = self.switched_at is not None or (self.switch is not None and self.switch.steps >= ssd_auto.MIN_STEPS)
-        if self.verdict_key is not None and judged:
-            ssd_auto.remember(self.verdict_key, *((self.switch.call_ratio(), self.switch.judged_ratio())
-                                                  if self.switch is not None else (1.0,)))
+        switch = self.switch
+        if self.verdict_key is not None and switch is not None and (
+                self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
+            ssd_auto.remember(self.verdict_key, switch.call_ratio(),
+                              switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None)
 
 
 def generate_ssd(

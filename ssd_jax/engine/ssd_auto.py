@@ -106,6 +106,7 @@ class PlainSwitch:
     judged_pace_tokens: float = 0.0
     spent_seconds: float = 0.0        # ... and over every step but those that compiled
     spent_pace_tokens: float = 0.0
+    spent_steps: int = 0
     seen: int = 0
     progress: np.ndarray | None = None
     row_sums: np.ndarray | None = None   # float64 [3, B]: decayed steps, tokens, squared tokens
@@ -131,6 +132,7 @@ class PlainSwitch:
             return
         self.spent_seconds += seconds
         self.spent_pace_tokens += pace
+        self.spent_steps += 1
         if self.seen <= WARMUP_STEPS:
             return
         self.seconds = DECAY * self.seconds + seconds
@@ -343,16 +345,19 @@ def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
     return 0.5 * (low + high)
 
 
-def remember(key, call_ratio: float, judged_ratio: float | None = None) -> None:
-    """A call that ran SSD long enough to judge, with its `PlainSwitch.call_ratio` and
-    `judged_ratio` (None: the call ratio). The next calls start plain (`starts_plain`) while the
-    key's mean log call ratio over recent calls is above 0; a probe after which that mean is at
-    least log(BACKOFF_RATIO) doubles the calls between probes; any other verdict sets them to
-    PROBE_EVERY."""
-    judged_ratio = call_ratio if judged_ratio is None else judged_ratio
+def remember(key, call_ratio: float, judged_ratio: float | None) -> None:
+    """A call that ran at least MIN_STEPS SSD steps (or switched), with its
+    `PlainSwitch.call_ratio` and `judged_ratio` (None: too few judged steps, the switch's prior is
+    left as it was). The next calls start plain (`starts_plain`) while the key's mean log call
+    ratio over recent calls is above 0; a probe after which that mean is at least
+    log(BACKOFF_RATIO) doubles the calls between probes; any other verdict sets them to
+    PROBE_EVERY. A call too short for the switch to judge (fewer than WARMUP_STEPS + MIN_STEPS
+    steps) still counts here: the next such calls cannot switch either, and start plain if
+    SSD's calls lost."""
     with _LOCK:
         mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
-        _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
+        if judged_ratio is not None:
+            _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=PROBE_EVERY,
                        most=PROBE_EVERY_MAX)
 
