@@ -143,40 +143,58 @@ class ParamsIdentity:
         return all(a is not None and a is b for a, b in zip(mine, theirs))
 
 
+class DecayedMeans:
+    """Per key: a mean of the values added, each weighted `weight` against those before it; the
+    most recent keys only. Thread-safe."""
+
+    def __init__(self, weight: float, limit: int = 256):
+        self.weight = weight
+        self._values = Recent(limit)
+        self._lock = threading.Lock()
+
+    def lookup(self, key, default=None):
+        with self._lock:
+            return self._values.lookup(key, default)
+
+    def add(self, key, value: float) -> float:
+        """Adds a value; returns the key's new mean."""
+        with self._lock:
+            before = self._values.lookup(key)
+            mean = float(value) if before is None else (1.0 - self.weight) * before + self.weight * float(value)
+            self._values.store(key, mean)
+            return mean
+
+    def clear(self) -> None:
+        with self._lock:
+            self._values.clear()
+
+
 class AcceptanceMemory:
     """Per-position acceptance of past calls, per key (the pair's weights, the method, greedy or
     not); the most recent keys only."""
 
     def __init__(self, limit: int = 256):
-        self._values = Recent(limit)
-        self._lock = threading.Lock()
+        self._means = DecayedMeans(1.0 - ACCEPTANCE_MEMORY, limit)
 
     def get(self, key) -> float:
         """The remembered acceptance (PRIOR_ACCEPTANCE before any, and always under
         SSD_JAX_DETERMINISTIC_AUTO=1, where a call must not depend on the calls before it)."""
         if not timings_allowed():
             return PRIOR_ACCEPTANCE
-        with self._lock:
-            return self._values.lookup(key, PRIOR_ACCEPTANCE)
+        return self._means.lookup(key, PRIOR_ACCEPTANCE)
 
     def known(self, key) -> float | None:
         """The remembered acceptance, None before any call (and under SSD_JAX_DETERMINISTIC_AUTO=1)."""
         if not timings_allowed():
             return None
-        with self._lock:
-            return self._values.lookup(key)
+        return self._means.lookup(key)
 
     def update(self, key, observed: float | None) -> None:
-        if observed is None:
-            return
-        with self._lock:
-            old = self._values.lookup(key)
-            self._values.store(key, observed if old is None
-                               else ACCEPTANCE_MEMORY * old + (1 - ACCEPTANCE_MEMORY) * observed)
+        if observed is not None:
+            self._means.add(key, observed)
 
     def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
+        self._means.clear()
 
 
 ACCEPTANCE = AcceptanceMemory()

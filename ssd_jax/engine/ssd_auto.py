@@ -54,7 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.draft import fanout
-from ssd_jax.engine.adaptive import Recent, expected_tokens, timings_allowed, trimmed_mean
+from ssd_jax.engine.adaptive import DecayedMeans, Recent, expected_tokens, timings_allowed, trimmed_mean
 from ssd_jax.engine.plain_verdicts import PlainVerdicts
 
 PLAIN_CHUNK = 16
@@ -258,28 +258,6 @@ def starts_plain(key) -> bool:
     return _VERDICTS.starts_plain(key)
 
 
-class DecayedMeans:
-    """Per key: a mean of the values added, each weighted `weight` against those before it; the
-    most recent keys only."""
-
-    def __init__(self, weight: float, limit: int = 256):
-        self.weight = weight
-        self._values = Recent(limit)
-
-    def lookup(self, key) -> float | None:
-        return self._values.lookup(key)
-
-    def add(self, key, value: float) -> float:
-        """Adds a value; returns the key's new mean."""
-        before = self._values.lookup(key)
-        mean = float(value) if before is None else (1.0 - self.weight) * before + self.weight * float(value)
-        self._values.store(key, mean)
-        return mean
-
-    def clear(self) -> None:
-        self._values.clear()
-
-
 # Per program key: recent judged calls' log cost ratios (> 0: SSD slower than plain decoding)
 # over their SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
 # overhead in seconds (`step_overhead`), and the acceptance of its batch's pace.
@@ -292,8 +270,7 @@ _PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT)
 def prior_log_ratio(key) -> float | None:
     """The program's recent judged calls' mean log cost ratio over their judged steps, SSD's
     steady state (`PlainSwitch.prior_log_ratio`)."""
-    with _LOCK:
-        return _STEADY_RATIOS.lookup(key)
+    return _STEADY_RATIOS.lookup(key)
 
 
 def step_overhead(key) -> float:
@@ -306,8 +283,7 @@ def step_overhead(key) -> float:
     6 1.39x), where the model without it chose L of 2-4."""
     if not timings_allowed():
         return 0.0
-    with _LOCK:
-        return _OVERHEADS.lookup(key) or 0.0
+    return _OVERHEADS.lookup(key) or 0.0
 
 
 def pace_acceptance(key) -> float | None:
@@ -320,8 +296,7 @@ def pace_acceptance(key) -> float | None:
     3.9)."""
     if not timings_allowed():
         return None
-    with _LOCK:
-        return _PACE_ACCEPTANCE.lookup(key)
+    return _PACE_ACCEPTANCE.lookup(key)
 
 
 def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float, model_step_s: float) -> None:
@@ -329,9 +304,8 @@ def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float,
     that length (the difference, never below 0, joins `step_overhead`) and its batch's pace in
     tokens per step (joins `pace_acceptance`)."""
     accepted = acceptance_for_tokens(pace_tokens, draft_len)
-    with _LOCK:
-        _OVERHEADS.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
-        _PACE_ACCEPTANCE.add(key, accepted)
+    _OVERHEADS.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
+    _PACE_ACCEPTANCE.add(key, accepted)
 
 
 def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
@@ -354,10 +328,9 @@ def remember(key, call_ratio: float, judged_ratio: float | None) -> None:
     PROBE_EVERY. A call too short for the switch to judge (fewer than WARMUP_STEPS + MIN_STEPS
     steps) still counts here: the next such calls cannot switch either, and start plain if
     SSD's calls lost."""
-    with _LOCK:
-        mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
-        if judged_ratio is not None:
-            _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
+    mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
+    if judged_ratio is not None:
+        _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=PROBE_EVERY,
                        most=PROBE_EVERY_MAX)
 
@@ -365,6 +338,5 @@ def remember(key, call_ratio: float, judged_ratio: float | None) -> None:
 def forget() -> None:
     """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
     _VERDICTS.forget()
-    with _LOCK:
-        for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
-            means.clear()
+    for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
+        means.clear()
