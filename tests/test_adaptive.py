@@ -937,6 +937,18 @@ def test_cost_model_choices(monkeypatch):
     assert memory.get("k") == adaptive.PRIOR_ACCEPTANCE   # a deterministic call ignores the past
 
 
+def test_decayed_means_weigh_recent_values_and_may_start_as_a_plain_mean():
+    decayed, running = adaptive.DecayedMeans(0.25), adaptive.DecayedMeans(0.25, running_start=True)
+    for value in (4.0, 0.0, 0.0, 0.0, 8.0):
+        decayed.add("k", value)
+        running.add("k", value)
+    assert decayed.lookup("k") == pytest.approx(4.0 * 0.75 ** 4 + 0.25 * 8.0)   # the first value decays from 1
+    assert running.lookup("k") == pytest.approx(0.75 * 1.0 + 0.25 * 8.0)   # (4 + 0 + 0 + 0) / 4, then 8 at 1/4
+    assert running.lookup("other") is None and running.lookup("other", 3.0) == 3.0
+    running.clear()
+    assert running.lookup("k") is None
+
+
 def test_command_line_takes_auto():
     import argparse
 

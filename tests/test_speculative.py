@@ -148,6 +148,27 @@ def test_draft_with_another_tokenizer_is_refused(models):
                          draft=dataclasses.replace(draft, tokenizer=b))
 
 
+def test_tokenizer_check_is_remembered_until_a_tokenizer_gains_tokens(models):
+    """An agreeing pair is compared once (the check runs on every call); a tokenizer that gains
+    a token afterwards is compared again and refused."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models as tok_models
+
+    from ssd_jax.pairing import check_same_tokenizer
+
+    target, draft = models
+    vocab = {f"a{i}": i for i in range(64)}
+    a = Tokenizer(tok_models.WordLevel(dict(vocab), unk_token="a0"))
+    b = Tokenizer(tok_models.WordLevel(dict(vocab), unk_token="a0"))
+    target, draft = dataclasses.replace(target, tokenizer=a), dataclasses.replace(draft, tokenizer=b)
+    check_same_tokenizer(target, draft)
+    check_same_tokenizer(target, draft)
+    b.add_tokens(["only-in-the-draft"])
+    with pytest.raises(InputError, match="draft tokenizer differs"):
+        check_same_tokenizer(target, draft)
+
+
 # ---------------------------------------------------------------------------------- cache consistency
 
 @pytest.mark.parametrize("method, options, temperature", [

@@ -16,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import types
 
 import jax
@@ -213,6 +214,35 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     assert second[0] is None and second[1] > 1
 
 
+def test_switch_times_the_lookup_and_fallback_drafting_of_each_step(models, prompts, reference, monkeypatch):
+    """The seconds the switch records per step run from the previous step's record, so they hold
+    `next_speculation` (the cache lookup and the fallback drafting of missed rows, on SSD's
+    critical path): with 30 ms added there, every recorded step takes at least 30 ms. (Timed from
+    the verify's dispatch only, SSD at T=1 read 0.64-0.74 of plain decoding's cost per token
+    where its calls ran at 0.9-1.0x AR.)"""
+    import ssd_jax.engine.ssd as ssd_engine
+
+    target, draft = models
+    recorded: list[float] = []
+    original_record, original_next = ssd_auto.PlainSwitch.record, ssd_engine._Decode.next_speculation
+
+    def record(self, seconds, *args, **kwargs):
+        recorded.append(seconds)
+        return original_record(self, seconds, *args, **kwargs)
+
+    def slow_next(self, *args):
+        time.sleep(0.03)
+        return original_next(self, *args)
+
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "record", record)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    monkeypatch.setattr(ssd_engine._Decode, "next_speculation", slow_next)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft)
+    assert out.tokens == reference.tokens
+    assert len(recorded) >= 3 and min(recorded[1:]) >= 0.03
+
+
 def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
     """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
     its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start
@@ -279,6 +309,18 @@ def test_verdict_is_the_recent_calls_mean_log_ratio():
     assert ssd_auto.prior_log_ratio(key) is None and not ssd_auto.starts_plain(key)
 
 
+def test_a_slow_first_call_weighs_no_more_than_the_next_ones():
+    """A program's first calls make a plain mean, not one decayed from the first value: a first
+    call at 1.3x plain decoding's cost starts the next calls plain, and one probe at 0.75x (SSD
+    pays) ends that (decayed from the first, it took three such probes, 8 plain calls apart)."""
+    key = ("program",)
+    ssd_auto.remember(key, 1.3, 1.3)
+    assert ssd_auto.starts_plain(key)
+    ssd_auto.remember(key, 0.75, 0.75)
+    assert not ssd_auto.starts_plain(key)
+    assert ssd_auto.prior_log_ratio(key) == pytest.approx((np.log(1.3) + np.log(0.75)) / 2)
+
+
 def test_switch_weighs_the_program_s_recent_calls():
     """Where the program's calls paid (prior log ratio < 0), a stretch somewhat slower than plain
     decoding does not end SSD, but a call far slower throughout still switches; with no prior the
@@ -310,23 +352,24 @@ def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
     costs = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
     assert adaptive.choose_draft_len(costs, 0.8, 6) < 6
     key = ("program",)
-    assert ssd_auto.step_overhead(key) == 0.0
+    overhead = functools.partial(ssd_auto.step_overhead, key)
+    assert overhead() == 0.0
     assert ssd_auto.pace_acceptance(key) is None
     # 2.1 + 0.25 L forwards a step, 4.03 tokens a step at L=4
     ssd_auto.remember_step(key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))
-    assert ssd_auto.step_overhead(key) == pytest.approx(3.1 - costs.spec_step(4))
+    assert overhead() == pytest.approx(3.1 - costs.spec_step(4))
     paced = ssd_auto.pace_acceptance(key)
     assert adaptive.expected_tokens(paced, 4) == pytest.approx(4.03, abs=1e-6)
-    assert adaptive.choose_draft_len(costs, paced, 6, step_overhead_s=ssd_auto.step_overhead(key)) == 6
-    assert adaptive.choose_draft_len(costs, 0.3, 6, step_overhead_s=ssd_auto.step_overhead(key)) <= 3
+    assert adaptive.choose_draft_len(costs, paced, 6, step_overhead_s=overhead()) == 6
+    assert adaptive.choose_draft_len(costs, 0.3, 6, step_overhead_s=overhead()) <= 3
     # A call whose batch gained one token a step (its slowest row accepted nothing): acceptance 0.
     ssd_auto.remember_step(key, 4, judged_step_s=0.5, pace_tokens=1.0, model_step_s=costs.spec_step(4))
-    assert ssd_auto.step_overhead(key) == pytest.approx((3.1 - costs.spec_step(4)) / 2)   # never below 0
+    assert overhead() == pytest.approx((3.1 - costs.spec_step(4)) / 2)   # never below 0
     assert ssd_auto.pace_acceptance(key) == pytest.approx(paced / 2, abs=1e-6)
     assert ssd_auto.acceptance_for_tokens(2.2, 4) < ssd_auto.acceptance_for_tokens(4.03, 4)
     assert ssd_auto.acceptance_for_tokens(0.5, 4) == pytest.approx(0.0, abs=1e-6)
     monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")   # a call must not depend on the ones before
-    assert ssd_auto.step_overhead(key) == 0.0 and ssd_auto.pace_acceptance(key) is None
+    assert overhead() == 0.0 and ssd_auto.pace_acceptance(key) is None
 
 
 def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not():

@@ -21,9 +21,11 @@ MAX_ENTRIES = 32
 
 
 def signature(args) -> tuple:
-    """(treedef, per-leaf shape, dtype and sharding) of an argument pytree."""
+    """(treedef, per-leaf shape, dtype and sharding) of an argument pytree. The dtype objects
+    themselves (hashable, compared by value), not their names: formatting ~100 leaves' dtypes
+    took ~1 ms of every call (1% of a 128-token SD call on the embedded pair, CPU)."""
     leaves, treedef = jax.tree.flatten(args)
-    return treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x))), getattr(x, "sharding", None))
+    return treedef, tuple((np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None))
                           for x in leaves)
 
 

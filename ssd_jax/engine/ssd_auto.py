@@ -112,8 +112,9 @@ class PlainSwitch:
     row_sums: np.ndarray | None = None   # float64 [3, B]: decayed steps, tokens, squared tokens
 
     def record(self, seconds: float, row_tokens, live=None, compiled: bool = False) -> None:
-        """One SSD step that emitted row_tokens (float [B], or a number at batch 1) to the rows
-        in live (bool [B]; None: all). Its pace is how far the furthest-behind live row moved:
+        """One SSD step of `seconds` (from the previous step's record: its cache lookup and the
+        fallback drafting of missed rows included) that emitted row_tokens (float [B], or a
+        number at batch 1) to the rows in live (bool [B]; None: all). Its pace is how far the furthest-behind live row moved:
         a batch runs until its last row is done, so the mean row's tokens overstate it (SSD at
         batch 4 on held-out code at T=1 ran 0.96x AR, and judged by the mean row kept speculating
         on 29% of the steps: 0.975x). The call's first WARMUP_STEPS steps and a step that
@@ -261,10 +262,10 @@ def starts_plain(key) -> bool:
 # Per program key: recent judged calls' log cost ratios (> 0: SSD slower than plain decoding)
 # over their SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
 # overhead in seconds (`step_overhead`), and the acceptance of its batch's pace.
-_RATIOS = DecayedMeans(VERDICT_WEIGHT)
-_STEADY_RATIOS = DecayedMeans(VERDICT_WEIGHT)
-_OVERHEADS = DecayedMeans(OVERHEAD_WEIGHT)
-_PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT)
+_RATIOS = DecayedMeans(VERDICT_WEIGHT, running_start=True)
+_STEADY_RATIOS = DecayedMeans(VERDICT_WEIGHT, running_start=True)
+_OVERHEADS = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
+_PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
 
 
 def prior_log_ratio(key) -> float | None:
@@ -277,10 +278,13 @@ def step_overhead(key) -> float:
     """Seconds a step of SSD's program `key` took beyond the cost model's speculative step
     (target(L+1) + L draft forwards) on its recent calls; 0.0 before one was judged (and under
     SSD_JAX_DETERMINISTIC_AUTO=1). SSD's step carries a fixed cost of its own (the host loop, the
-    cache lookup, the draft's cache build and, on one device, its share of the device), which
-    favours longer drafts than the synchronous methods': on one CPU device its steps took the
-    time of 2.1 + 0.25 L target forwards (held-out code, batch 1, T=0: L=2 ran 1.00x AR, 4 1.28x,
-    6 1.39x), where the model without it chose L of 2-4."""
+    cache lookup, the fallback drafting of missed rows, the draft's cache build and, on one device,
+    its share of the device), which favours longer drafts than the synchronous methods': on one
+    CPU device its steps took the time of 2.1 + 0.25 L target forwards (held-out code, batch 1,
+    T=0: L=2 ran 1.00x AR, 4 1.28x, 6 1.39x), where the model without it chose L of 2-4. (A line
+    in L fitted through the overheads measured at each length, since the build grows with L,
+    chose L of 1-2 at batch 4 where L=4 and 6 ran 1.09-1.10x AR: the lengths a call measures
+    first are judged on the call's early steps, whose acceptance is lower.)"""
     if not timings_allowed():
         return 0.0
     return _OVERHEADS.lookup(key) or 0.0
@@ -340,3 +344,4 @@ def forget() -> None:
     _VERDICTS.forget()
     for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
         means.clear()
+
