@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from ssd_jax.engine.adaptive import Recent
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 
@@ -12,8 +13,7 @@ from ssd_jax.model import Model
 # takes milliseconds (the embedded pair: 3 ms, 1.2% of a 128-token call on CPU), and every call of
 # a draft-model method checks its pair. The cache holds the tokenizers themselves, so their ids
 # cannot be reused while listed; a tokenizer that gained tokens since is compared again.
-_AGREEING: dict[tuple[int, int], tuple[object, object, int, int]] = {}
-_AGREEING_MAX = 16
+_AGREEING = Recent(16)   # (id, id) -> (target tokenizer, draft tokenizer, their sizes)
 _LOCK = threading.Lock()
 
 
@@ -25,7 +25,7 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
     sizes = (target.tokenizer.get_vocab_size(with_added_tokens=True),
              draft.tokenizer.get_vocab_size(with_added_tokens=True))
     with _LOCK:
-        known = _AGREEING.get(key)
+        known = _AGREEING.lookup(key)
     if known is not None and known[2:] == sizes:
         return
     target_vocab = target.tokenizer.get_vocab(with_added_tokens=True)
@@ -38,6 +38,4 @@ def check_same_tokenizer(target: Model, draft: Model) -> None:
             f"first difference: {example!r}); the draft must share the target's tokenizer"
         )
     with _LOCK:
-        if len(_AGREEING) >= _AGREEING_MAX:
-            _AGREEING.pop(next(iter(_AGREEING)))
-        _AGREEING[key] = (target.tokenizer, draft.tokenizer) + sizes
+        _AGREEING.store(key, (target.tokenizer, draft.tokenizer) + sizes)
