@@ -43,10 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ssd_jax  # noqa: E402
 from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E402
-from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
+from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
-from ssd_jax.engine import adaptive, plain_verdicts, ssd_auto  # noqa: E402
+from ssd_jax.engine import adaptive, per_call, plain_verdicts, ssd_auto  # noqa: E402
 
 # A table must not depend on calibrations an earlier run left on disk.
 os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
@@ -145,6 +145,7 @@ def measure(args, target, draft, sizes: list[int], lengths: list[int], threshold
                 adaptive.ACCEPTANCE.clear()
                 ssd_auto.forget()  # and the remembered "decode plainly from the start" verdicts
                 plain_verdicts.forget()
+                per_call.forget()
                 cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,
@@ -181,7 +182,8 @@ def measure(args, target, draft, sizes: list[int], lengths: list[int], threshold
                                     for e in entries]))
                 write_json(args.out + ".json", dict(machine=machine_info(), method=args.method,
                                                    draft_model=args.draft_model, new_tokens=args.new_tokens,
-                                                   repeats=args.repeats, results=results))
+                                                   repeats=args.repeats, policy_overrides=args.policy_fields,
+                                                   results=results))
     return results
 
 
@@ -200,6 +202,9 @@ def main() -> None:
                         help="timed rounds per call; the x AR columns are medians over rounds of paired ratios")
     parser.add_argument("--draft-model", default=ssd_jax.defaults.DEFAULT_DRAFT, choices=("draft", "draft_small"))
     parser.add_argument("--out", default=os.path.join(RESULTS, "adaptive"), help=OUT_HELP)
+    parser.add_argument("--policy", action="append", default=[], metavar="FIELD=VALUE",
+                        help="set a field of this backend's policy for the run (repeatable; e.g. "
+                             "adaptive_per_call_below_rows=2); adaptive_summary.py leaves such files out")
     replay = parser.add_mutually_exclusive_group()
     replay.add_argument("--record-calibrations", metavar="FILE", help="write the calibrations measured to FILE (JSON)")
     replay.add_argument("--replay-calibrations", metavar="FILE",
@@ -209,6 +214,7 @@ def main() -> None:
         parser.error(f"--replay-calibrations {args.replay_calibrations}: no such file "
                      f"(make it with --record-calibrations)")
     args.out = output_stem(args.out)
+    args.policy_fields = override_policy(args.policy)
     try:
         sizes = batch_sizes(args.batch, args.prompts)
     except ValueError as err:

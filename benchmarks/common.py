@@ -7,6 +7,7 @@ the machine, the library versions and the load average before and after the run.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -200,3 +201,29 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.2f}"
     return str(value)
+
+
+def override_policy(assignments: list[str]) -> dict:
+    """Sets fields of this backend's policy from "field=value" strings (ints, or true/false for
+    flags); returns the fields set."""
+    from ssd_jax import backend
+
+    here = backend.default_platform()
+    policy = backend.POLICIES[here]
+    fields = {}
+    for assignment in assignments:
+        name, _, text = assignment.partition("=")
+        if not hasattr(policy, name) or not text:
+            raise SystemExit(f"--policy {assignment!r}: expected FIELD=VALUE with FIELD one of the policy's "
+                             f"({', '.join(f for f in vars(policy))})")
+        current = getattr(policy, name)
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false"):
+                raise SystemExit(f"--policy {assignment!r}: {name} takes true or false")
+            fields[name] = text.lower() == "true"
+        elif isinstance(current, int):
+            fields[name] = int(text)
+        else:
+            fields[name] = text
+    backend.POLICIES[here] = dataclasses.replace(policy, **fields)
+    return fields

@@ -22,7 +22,6 @@ holds no "results", so `adaptive_summary.py` skips it).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 
@@ -36,7 +35,7 @@ import numpy as np  # noqa: E402
 
 import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
-from benchmarks.common import RESULTS_DIR, machine_info, output_stem, write_json  # noqa: E402
+from benchmarks.common import RESULTS_DIR, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.spec_harness import generate_kwargs  # noqa: E402
 from ssd_jax.engine import adaptive, compile_cache  # noqa: E402
 
@@ -115,32 +114,6 @@ def measure(auto, fixed: dict, caps: list[int], new_tokens: int, rounds: int) ->
                              auto_s_per_call=a.tolist(), fixed_s_per_call=f.tolist(),
                              auto_over_fixed=adaptive.trimmed_mean(a / f))
     return out
-
-
-def override_policy(assignments: list[str]) -> dict:
-    """Sets fields of this backend's policy from "field=value" strings (ints, or true/false for
-    flags); returns the fields set."""
-    from ssd_jax import backend
-
-    here = backend.default_platform()
-    policy = backend.POLICIES[here]
-    fields = {}
-    for assignment in assignments:
-        name, _, text = assignment.partition("=")
-        if not hasattr(policy, name) or not text:
-            raise SystemExit(f"--policy {assignment!r}: expected FIELD=VALUE with FIELD one of the policy's "
-                             f"({', '.join(f for f in vars(policy))})")
-        current = getattr(policy, name)
-        if isinstance(current, bool):
-            if text.lower() not in ("true", "false"):
-                raise SystemExit(f"--policy {assignment!r}: {name} takes true or false")
-            fields[name] = text.lower() == "true"
-        elif isinstance(current, int):
-            fields[name] = int(text)
-        else:
-            fields[name] = text
-    backend.POLICIES[here] = dataclasses.replace(policy, **fields)
-    return fields
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `adaptive_steps_per_check` (adaptive loop: steps between its checks and choices) | 1 | 4 | 1 |
 | `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
+| `adaptive_per_call_below_rows` (SD, BV "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -58,6 +59,13 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   copied the target's KV cache in and out every step (with the loop choosing less often and
   measured per-cap step times: 0.95-1.02 of the best fixed length against 0.86-0.99, batch 1,
   embedded pair, 2026-11-25); TPU keeps the `while_loop` until timed there.
+- Per-call choice: even checked every 4 steps, the loop's steps on an H100 cost 10-11% over a
+  fixed length's program at the same cap and its plain steps 27% over AR's program (SD, batch 1,
+  2026-11-27), and "auto" ran 0.84-0.91 of fixed L=2. On GPU an SD or BV call of one row
+  therefore runs the fixed program (or AR's) that the cost model picks before the call from the
+  pair's remembered acceptance and the programs' measured step times
+  (`ssd_jax.engine.per_call`); not yet timed on a GPU. Batch 8 keeps the loop (1.01-1.04 of the
+  best fixed length on the H100, where a step is long enough to hide the reads).
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
 
@@ -95,6 +103,7 @@ class Policy:
     adaptive_steps_per_check: int = 1
     adaptive_switch_per_step: bool = True
     adaptive_scan_from_batch: int = 2
+    adaptive_per_call_below_rows: int = 0
 
 
 POLICIES = {
@@ -103,7 +112,7 @@ POLICIES = {
     "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
                   decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
                   min_decode_rows=2, adaptive_steps_per_check=4, adaptive_switch_per_step=False,
-                  adaptive_scan_from_batch=1),
+                  adaptive_scan_from_batch=1, adaptive_per_call_below_rows=2),
     "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
                   decode_attention="pallas", logitspec_tree_size=64, fused_prefill_min_tokens=256),
 }

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.backend import policy_for
 from ssd_jax.decode import check_models, check_positions
-from ssd_jax.engine import plain_verdicts, ssd_auto
+from ssd_jax.engine import per_call, plain_verdicts, ssd_auto
 from ssd_jax.engine.adaptive import timings_allowed
 from ssd_jax.engine.auto_shape import shaped
 from ssd_jax.engine.autoregressive import loop_params
@@ -165,8 +166,10 @@ def generate(
                                  switched_to_plain_at_step=0, ssd_steps=0)
     if not getattr(method, "adaptive", False):
         return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
-    # "auto" remembers a call whose loop decoded (nearly) every step plainly: AR's loop, but for probes.
     verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
+    if per_call.applies(method, policy_for(target.params), batch.batch_size):
+        return _generate_per_call(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
+    # "auto" remembers a call whose loop decoded (nearly) every step plainly: AR's loop, but for probes.
     if plain_verdicts.starts_plain(verdict):
         return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream)
     out = _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
@@ -181,6 +184,37 @@ def _plain_from_start(method, target: Model, batch, max_new_tokens: int, samplin
     out = _generate_sync(AR(), target, None, batch, max_new_tokens, sampling, key, stream)
     out.stats.update(method=method.name, adaptive=True, planned_draft_len=0, mean_draft_len=0.0,
                      ar_fallback_share=1.0, plain_from_start=True, **stats)
+    return out
+
+
+def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
+                       stream, verdict) -> GenerateOutput:
+    """An "auto" call where the backend policy runs one fixed program chosen per call
+    (`ssd_jax.engine.per_call`): the method at the chosen length, or AR's program (length 0);
+    the call's acceptance and seconds per target call are remembered for the next choice (the
+    seconds not when streaming, whose host copies they would hold)."""
+    from ssd_jax.engine import adaptive
+
+    start = time.perf_counter()
+    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
+                                   method.max_draft_len)
+    memory_key = adaptive.acceptance_key(target, draft, method, sampling)
+    acceptance = adaptive.ACCEPTANCE.get(memory_key)
+    length = per_call.choose(verdict, costs, acceptance, method.max_draft_len)
+    measure_s = time.perf_counter() - start
+    fixed = dataclasses.replace(method, draft_len=length) if length else AR()
+    out = _generate_sync(fixed, target, draft if length else None, batch, max_new_tokens, sampling, key, stream)
+    stats = out.stats
+    if stream is None:
+        per_call.record(verdict, length, stats["wall_time_s"], stats["target_calls"])
+    observed = None
+    if length:
+        observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])
+        adaptive.ACCEPTANCE.update(memory_key, observed)
+    else:
+        stats.update(mean_draft_len=0.0, ar_fallback_share=1.0, plain_from_start=True)
+    stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
+                 remembered_acceptance=acceptance, observed_acceptance=observed, cost_measure_time_s=measure_s)
     return out
 
 
