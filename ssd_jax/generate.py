@@ -202,8 +202,11 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     acceptance = adaptive.ACCEPTANCE.get(memory_key)
     length = per_call.choose(verdict, costs, acceptance, method.max_draft_len)
     measure_s = time.perf_counter() - start
-    fixed = dataclasses.replace(method, draft_len=length) if length else AR()
-    out = _generate_sync(fixed, target, draft if length else None, batch, max_new_tokens, sampling, key, stream)
+    if length:
+        out = _generate_sync(dataclasses.replace(method, draft_len=length), target, draft, batch, max_new_tokens,
+                             sampling, key, stream)
+    else:
+        out = _plain_from_start(method, target, batch, max_new_tokens, sampling, key, stream)
     stats = out.stats
     if stream is None:
         per_call.record(verdict, length, stats["wall_time_s"], stats["target_calls"])
@@ -211,8 +214,6 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     if length:
         observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])
         adaptive.ACCEPTANCE.update(memory_key, observed)
-    else:
-        stats.update(mean_draft_len=0.0, ar_fallback_share=1.0, plain_from_start=True)
     stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
                  remembered_acceptance=acceptance, observed_acceptance=observed, cost_measure_time_s=measure_s)
     return out
