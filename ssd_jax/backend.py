@@ -17,7 +17,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `adaptive_steps_per_check` (adaptive loop: steps between its checks and choices) | 1 | 4 | 1 |
 | `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
-| `adaptive_per_call_below_rows` (SD, BV "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
+| `adaptive_per_call_below_rows` (synchronous methods' "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -61,10 +61,12 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   embedded pair, 2026-11-25); TPU keeps the `while_loop` until timed there.
 - Per-call choice: even checked every 4 steps, the loop's steps on an H100 cost 10-11% over a
   fixed length's program at the same cap and its plain steps 27% over AR's program (SD, batch 1,
-  2026-11-27), and "auto" ran 0.84-0.91 of fixed L=2. On GPU an SD or BV call of one row
-  therefore runs the fixed program (or AR's) that the cost model picks before the call from the
-  pair's remembered acceptance and the programs' measured step times
-  (`ssd_jax.engine.per_call`); not yet timed on a GPU. Batch 8 keeps the loop (1.01-1.04 of the
+  2026-11-27), and "auto" ran 0.84-0.91 of fixed L=2 (PLD's loop 0.92-0.95 of fixed L=8 at the
+  same tokens per step, H200). On GPU an "auto" call of one row of a synchronous method (SD, BV,
+  SpecInfer, SpecTr, GBV, PLD, LogitSpec, CSD) therefore runs the fixed program (or AR's) that
+  the cost model picks before the call from the pair's remembered acceptance and the programs'
+  measured step times and tokens per step (`ssd_jax.engine.per_call`); timed only on CPU so far
+  (forced: SD, PLD, CSD), not yet on a GPU. Batch 8 keeps the loop (1.01-1.04 of the
   best fixed length on the H100, where a step is long enough to hide the reads).
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).

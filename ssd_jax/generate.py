@@ -191,25 +191,30 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
                        stream, verdict) -> GenerateOutput:
     """An "auto" call where the backend policy runs one fixed program chosen per call
     (`ssd_jax.engine.per_call`): the method at the chosen length, or AR's program (length 0);
-    the call's acceptance and seconds per target call are remembered for the next choice (the
-    seconds not when streaming, whose host copies they would hold)."""
+    the call's acceptance, tokens and seconds per target call are remembered for the next choice
+    (the seconds not when streaming, whose host copies they would hold, nor on the call that
+    compiled the program)."""
     from ssd_jax.engine import adaptive
 
     start = time.perf_counter()
-    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
-                                   method.max_draft_len)
+    menu = per_call.menu_for(method, target, draft, sampling, batch.batch_size,
+                             batch.max_length + max_new_tokens // 2)
     memory_key = adaptive.acceptance_key(target, draft, method, sampling)
     acceptance = adaptive.ACCEPTANCE.get(memory_key)
-    length = per_call.choose(verdict, costs, acceptance, method.max_draft_len)
+    length = per_call.choose(verdict, menu, acceptance)
     measure_s = time.perf_counter() - start
     if length:
-        out = _generate_sync(dataclasses.replace(method, draft_len=length), target, draft, batch, max_new_tokens,
-                             sampling, key, stream)
+        out = _generate_sync(per_call.fixed(method, length), target, draft, batch, max_new_tokens, sampling, key,
+                             stream)
     else:
         out = _plain_from_start(method, target, batch, max_new_tokens, sampling, key, stream)
     stats = out.stats
-    if stream is None:
-        per_call.record(verdict, length, stats["wall_time_s"], stats["target_calls"])
+    # Not timed: a streamed call (its host copies) and a call that compiled its program, whose
+    # run is the executable's first (CPU, CSD on short prompts: 9.3 ms per target call against
+    # ~5 ms on later runs at the same length, which priced that length out for good).
+    timed = stream is None and not stats.get("compile_time_s")
+    per_call.record(verdict, length, stats["wall_time_s"] if timed else None, stats["target_calls"],
+                    stats["block_efficiency"] if length else None)
     observed = None
     if length:
         observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])

@@ -7,17 +7,21 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import ssd_jax
 from ssd_jax import backend
-from ssd_jax.engine import adaptive, per_call
+from ssd_jax.draft.maxgram import MaxGram
+from ssd_jax.engine import adaptive, compile_cache, per_call
 from ssd_jax.engine.adaptive import StepCosts
 from spec_models import pair
 
 PROMPTS = [[5, 9, 3, 7, 2, 11, 4]]
 COSTS = StepCosts(target_fixed=1.0, target_per_token=0.05, draft=0.1)
 KEY = ("program",)
+MENU = per_call.simple_menu(COSTS, 8)
 
 
 @pytest.fixture(autouse=True)
@@ -86,14 +90,75 @@ def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_polic
     assert "per_call" not in two_rows.stats and two_rows.tokens == reference.tokens * 2
 
 
-def test_bv_runs_per_call_too_and_other_methods_keep_the_loop(models, per_call_policy):
+def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_policy, monkeypatch):
+    """An executable's first run is slow (allocations, first touches): its seconds would price its
+    length out for good, so that call records its tokens but no price; the next call does."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
     target, draft = models
-    bv = ssd_jax.generate(target, PROMPTS, max_new_tokens=16, method=ssd_jax.BV(draft_len="auto"), draft=draft)
-    assert bv.stats["per_call"] and bv.stats["method"] == "bv"
-    pld = ssd_jax.generate(target, PROMPTS, max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
-    assert "per_call" not in pld.stats
+    compile_cache.clear()
+    method = ssd_jax.SD(draft_len="auto", max_draft_len=2)
+    warm = set()
+    for _ in range(5):
+        out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft)
+        if not out.stats["compile_time_s"]:
+            warm.add(out.stats["planned_draft_len"])
+        assert {key[1] for key in per_call._PRICES._values} == warm
+    assert warm and per_call._TOKENS._values
+
+
+@pytest.mark.parametrize("method, drafted", [
+    (ssd_jax.BV(), True), (ssd_jax.SpecInfer(), True), (ssd_jax.SpecTr(), True), (ssd_jax.GBV(), True),
+    (ssd_jax.PLD(), False), (ssd_jax.LogitSpec(), False), (ssd_jax.CSD(), True)])
+def test_every_synchronous_method_runs_per_call_exactly(models, per_call_policy, method, drafted):
+    """Greedy: AR's tokens from the fixed program chosen (a draft length, CSD's verified cap, or
+    LogitSpec's root branch), with the stats saying which; a fixed length keeps its program."""
+    target, draft = models
+    reference = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method="ar")
+    drafter = draft if drafted else None
+    if method.name == "csd":   # the drafter, then Max-Gram over the target's own argmax bigrams
+        bigram = np.asarray(jnp.argmax(ssd_jax.forward(target, jnp.arange(target.config.vocab_size)[:, None])[:, -1],
+                                       axis=-1), np.int32)
+        drafter = (draft, MaxGram.for_target(target, bigram))
+    out = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=method, draft=drafter)
+    assert out.stats["per_call"] and out.stats["method"] == method.name
+    assert out.tokens == reference.tokens
+    assert out.stats["planned_draft_len"] >= 0
+
+
+def test_a_fixed_length_keeps_its_program(models, per_call_policy):
+    target, draft = models
     fixed = ssd_jax.generate(target, PROMPTS, max_new_tokens=16, method=ssd_jax.SD(draft_len=3), draft=draft)
     assert "per_call" not in fixed.stats
+
+
+def test_a_sampled_multi_path_call_is_its_fixed_program(models, per_call_policy):
+    """T=1: the tokens of the fixed program (the paths "auto" chose, the length per call) with
+    the same key, whose law the fixed-length tests check."""
+    target, draft = models
+    key = jax.random.PRNGKey(3)
+    out = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=ssd_jax.GBV(), draft=draft,
+                           temperature=1.0, key=key)
+    length, paths = out.stats["planned_draft_len"], out.stats["num_paths"]
+    fixed = ssd_jax.GBV(draft_len=length, paths=paths) if length else ssd_jax.AR()
+    again = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=fixed, draft=draft if length else None,
+                             temperature=1.0, key=key)
+    assert out.tokens == again.tokens
+
+
+def test_menus_price_each_methods_fixed_programs(models):
+    """CSD's lengths run to its cascade's verified width, LogitSpec's is the one root branch its
+    tree allows, multi-path prices K L + 1 verified tokens."""
+    target, draft = models
+    sampling = ssd_jax.SamplingParams()
+    csd = per_call.menu_for(ssd_jax.CSD(), target, (draft, None), sampling, 1, 32)
+    assert csd.lengths == (1, 2, 4, 8, 9)   # up to the greedy one-drafter cascade's 3 rounds of 2 + 1
+    logitspec = per_call.menu_for(ssd_jax.LogitSpec(tree_size=8), target, None, sampling, 1, 32)
+    assert logitspec.lengths == (6,)
+    two = per_call.menu_for(ssd_jax.GBV(paths=2), target, draft, sampling, 1, 32)
+    one = per_call.menu_for(ssd_jax.GBV(paths=1), target, draft, sampling, 1, 32)
+    assert two.lengths == one.lengths == (1, 2, 4, 8)
+    assert two.model_s[4] > one.model_s[4] and two.model_s[0] == one.model_s[0]
 
 
 def test_choice_follows_the_acceptance_and_the_measured_prices(monkeypatch):
@@ -101,35 +166,73 @@ def test_choice_follows_the_acceptance_and_the_measured_prices(monkeypatch):
     than the model prices it carries its surplus to the lengths nearest it (AR's program too,
     until measured), which favours longer drafts; AR's program measured cheap wins."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    long = per_call.choose(KEY, COSTS, 0.95, 8)
-    short = per_call.choose(KEY, COSTS, 0.6, 8)
+    long = per_call.choose(KEY, MENU, 0.95)
+    short = per_call.choose(KEY, MENU, 0.6)
     assert long > short >= 1
-    assert per_call.choose(KEY, COSTS, 0.0, 8) == 0
+    assert per_call.choose(KEY, MENU, 0.0) == 0
     per_call.forget()
     # length `short` measured at twice the model's step: its neighbours carry the same surplus
     surplus = per_call.model_seconds(COSTS, short)
     per_call.record(KEY, short, seconds=2 * surplus * 10, target_calls=10)
-    price = per_call.prices(KEY, COSTS, 8)
+    price = per_call.prices(KEY, MENU)
     assert price[short] == pytest.approx(2 * surplus)
-    assert price[short + 1] == pytest.approx(per_call.model_seconds(COSTS, short + 1) + surplus)
+    above = MENU.lengths[MENU.lengths.index(short) + 1]
+    assert price[above] == pytest.approx(per_call.model_seconds(COSTS, above) + surplus)
+    assert price[3] == float("inf")                                 # off the menu
     assert price[0] == pytest.approx(COSTS.target(1) + surplus)   # not measured: the nearest's surplus
-    assert per_call.choose(KEY, COSTS, 0.6, 8) > short          # a fixed surplus favours longer drafts
+    assert per_call.choose(KEY, MENU, 0.6) > short          # a fixed surplus favours longer drafts
     per_call.record(KEY, 0, seconds=0.5 * COSTS.target(1) * 10, target_calls=10)   # AR measured cheap
-    assert per_call.predicted_speedups(KEY, COSTS, 0.6, 8)[short] < 1.0 and per_call.choose(KEY, COSTS, 0.6, 8) == 0
+    assert per_call.predicted_speedups(KEY, MENU, 0.6)[short] < 1.0 and per_call.choose(KEY, MENU, 0.6) == 0
 
 
-def test_ar_wins_but_every_probe_every_th_call_speculates(monkeypatch):
+def test_measured_tokens_per_call_correct_the_geometric_law(monkeypatch):
+    """A length's measured tokens per target call replace E(L, a); the lengths not run take E
+    scaled by the nearest measured one's measured / E (a retrieval draft that finds nothing on
+    half its steps reads half the geometric gain), and the choice follows."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    choices = [per_call.choose(KEY, COSTS, 0.0, 8) for _ in range(2 * per_call.PROBE_EVERY)]
+    a = 0.8
+    geometric = per_call.tokens_per_call(KEY, MENU, a)
+    assert geometric[0] == 1.0 and geometric[4] == pytest.approx(adaptive.expected_tokens(a, 4))
+    assert MENU.lengths == (1, 2, 4, 8) and geometric[3] == 0.0   # off the menu
+    per_call.record(KEY, 2, seconds=None, target_calls=10, tokens=0.5 * geometric[2])
+    per_call.record(KEY, 8, seconds=None, target_calls=10, tokens=geometric[8])
+    corrected = per_call.tokens_per_call(KEY, MENU, a)
+    assert corrected[2] == pytest.approx(0.5 * geometric[2]) and corrected[8] == pytest.approx(geometric[8])
+    assert corrected[1] == pytest.approx(0.5 * geometric[1])       # nearest measured: 2
+    assert corrected[4] == pytest.approx(0.5 * geometric[4])       # 2 is nearer than 8
+    per_call.forget()
+    per_call.record(KEY, 1, seconds=None, target_calls=10, tokens=0.5 * geometric[1])
+    per_call.record(KEY, 4, seconds=None, target_calls=10, tokens=geometric[4])
+    assert per_call.tokens_per_call(KEY, MENU, a)[2] == pytest.approx(0.5 * geometric[2])   # 1 is nearer
+    # another program whose every length measured one token a call: AR's program
+    other = ("other program",)
+    assert per_call.choose(other, MENU, a) > 0
+    for n in MENU.lengths:
+        per_call.record(other, n, seconds=None, target_calls=10, tokens=1.0)
+    assert per_call.choose(other, MENU, a) == 0
+
+
+def test_ar_wins_but_probes_speculate_ever_further_apart(monkeypatch):
+    """While AR's program wins: a probe PROBE_EVERY calls in, then 2x and 4x as many calls after
+    each probe it kept winning through, capped at PROBE_EVERY_MAX; a predicted gain speculates
+    and starts the count again."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    p = per_call.PROBE_EVERY
+    choices = [per_call.choose(KEY, MENU, 0.0) for _ in range(7 * p)]
     probes = [i for i, length in enumerate(choices) if length]
-    assert probes == [per_call.PROBE_EVERY - 1, 2 * per_call.PROBE_EVERY - 1] and choices[probes[0]] == 1
-    assert per_call.choose(KEY, COSTS, 0.9, 8) > 1      # a gain again: speculation, and the count restarts
-    assert per_call.choose(KEY, COSTS, 0.0, 8) == 0
+    assert probes == [p - 1, 3 * p - 1, 7 * p - 1] and choices[probes[0]] == 1
+    for _ in range(20 * per_call.PROBE_EVERY_MAX // p):
+        per_call.choose(KEY, MENU, 0.0)
+    assert per_call._AR_CALLS.lookup(KEY)[1] == per_call.PROBE_EVERY_MAX
+    assert per_call.choose(KEY, MENU, 0.9) > 1      # a gain again: speculation, and the count restarts
+    assert [per_call.choose(KEY, MENU, 0.0) for _ in range(p)][-1] == 1
 
 
 def test_deterministic_auto_neither_measures_nor_probes():
     """Under SSD_JAX_DETERMINISTIC_AUTO=1 (the suite's default) a call does not depend on the ones
     before: no price is recorded and no probe runs."""
-    per_call.record(KEY, 2, seconds=5.0, target_calls=10)
-    assert per_call.prices(KEY, COSTS, 4)[2] == pytest.approx(per_call.model_seconds(COSTS, 2))
-    assert all(per_call.choose(KEY, COSTS, 0.0, 4) == 0 for _ in range(2 * per_call.PROBE_EVERY))
+    per_call.record(KEY, 2, seconds=5.0, target_calls=10, tokens=1.0)
+    menu = per_call.simple_menu(COSTS, 4)
+    assert per_call.prices(KEY, menu)[2] == pytest.approx(per_call.model_seconds(COSTS, 2))
+    assert per_call.tokens_per_call(KEY, menu, 0.7)[2] == pytest.approx(adaptive.expected_tokens(0.7, 2))
+    assert all(per_call.choose(KEY, menu, 0.0) == 0 for _ in range(2 * per_call.PROBE_EVERY))

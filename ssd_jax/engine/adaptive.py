@@ -356,14 +356,14 @@ def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int, draft_le
                            np.zeros(draft_len, np.float32)])
 
 
-def _drafters(draft) -> tuple:
+def draft_models(draft) -> tuple:
     """The draft models of a method's draft argument (None, a Model, CSD's tuple)."""
     drafts = draft if isinstance(draft, (tuple, list)) else (draft,)
     return tuple(d for d in drafts if d is not None and hasattr(d, "params"))
 
 
 def acceptance_key(target, draft, method, sampling) -> tuple:
-    weights = (target.params,) + tuple(d.params for d in _drafters(draft))
+    weights = (target.params,) + tuple(d.params for d in draft_models(draft))
     return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), sampling.greedy)
 
 
@@ -397,7 +397,7 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
     if method.name == "csd":
         from ssd_jax.engine.cascade import cascade_schedule
 
-        draft_len = cascade_schedule(method, len(_drafters(draft)), sampling).target_width
+        draft_len = cascade_schedule(method, len(draft_models(draft)), sampling).target_width
     elif method.name == "logitspec":
         draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
     elif (cost_draft(method, draft) is not None and paths == 1) or method.name == "pld":
