@@ -381,6 +381,12 @@ def cost_draft(method, draft):
     return draft if getattr(method, "drafts_with_model", False) and method.name != "csd" else None
 
 
+def logitspec_branch(method) -> int:
+    """LogitSpec's root branch under "auto": as long as allowed (max_draft_len), leaving the
+    next-next guesses at least one node of its tree (its tree's width does not depend on it)."""
+    return max(1, min(method.max_draft_len, method.tree_size - 2))
+
+
 def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, np.ndarray]:
     """(AutoPlan, loop_inputs) for an adaptive method on this pair with these costs. Single-path
     draft-model methods: max_draft_len with the early stop (the loop caps each step's length at
@@ -399,7 +405,7 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
 
         draft_len = cascade_schedule(method, len(draft_models(draft)), sampling).target_width
     elif method.name == "logitspec":
-        draft_len = max(1, min(method.max_draft_len, method.tree_size - 2))
+        draft_len = logitspec_branch(method)
     elif (cost_draft(method, draft) is not None and paths == 1) or method.name == "pld":
         draft_len = method.max_draft_len
     else:

@@ -120,10 +120,9 @@ def menu_for(method, target, draft, sampling, batch: int, context: int) -> Menu:
         width = cascade_schedule(method, len(adaptive.draft_models(draft)), sampling).target_width
         return Menu(menu_lengths(width), np.asarray([costs.target(n + 1) for n in range(width + 1)]))
     if method.name in ("pld", "logitspec"):
-        longest = method.max_draft_len if method.name == "pld" else max(1, min(method.max_draft_len,
-                                                                            method.tree_size - 2))
-        lengths = menu_lengths(longest) if method.name == "pld" else (longest,)
-        model = np.zeros(longest + 1)
+        lengths = (menu_lengths(method.max_draft_len) if method.name == "pld"
+                   else (adaptive.logitspec_branch(method),))
+        model = np.zeros(lengths[-1] + 1)
         model[0] = costs.target(1)
         for n in lengths:
             model[n] = costs.target(retrieval_layout(method, n).num_nodes)
@@ -193,7 +192,8 @@ def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
 def predicted_speedups(key, menu: Menu, acceptance: float) -> np.ndarray:
     """float64 [max_len + 1]: each program's predicted speedup over AR's (index 0: 1.0; lengths
     off the menu: 0)."""
-    return tokens_per_call(key, menu, acceptance) * prices(key, menu)[0] / prices(key, menu)
+    price = prices(key, menu)
+    return tokens_per_call(key, menu, acceptance) * price[0] / price
 
 
 def choose(key, menu: Menu, acceptance: float) -> int:
