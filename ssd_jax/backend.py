@@ -65,9 +65,12 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   same tokens per step, H200). On GPU an "auto" call of one row of a synchronous method (SD, BV,
   SpecInfer, SpecTr, GBV, PLD, LogitSpec, CSD) therefore runs the fixed program (or AR's) that
   the cost model picks before the call from the pair's remembered acceptance and the programs'
-  measured step times and tokens per step (`ssd_jax.engine.per_call`); timed only on CPU so far
-  (forced: SD, PLD, CSD), not yet on a GPU. Batch 8 keeps the loop (1.01-1.04 of the
-  best fixed length on the H100, where a step is long enough to hide the reads).
+  measured step times and tokens per step (`ssd_jax.engine.per_call`); on an H200 at batch 1
+  (2026-11-28) SD ran 0.91-1.02 of its best fixed length, PLD 1.00-1.02 at T=0, CSD 0.98-1.03,
+  where the loop had run 0.82-0.96; GBV and PLD at T=1 missed AR's speed by pricing AR's program
+  off the drafted programs' surplus, fixed since (AR's program timed, paths chosen per call),
+  not yet re-timed there. Batch 8 keeps the loop (1.01-1.04 of the best fixed length on the
+  H100, where a step is long enough to hide the reads).
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
 

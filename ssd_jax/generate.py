@@ -16,7 +16,7 @@ from ssd_jax.backend import policy_for
 from ssd_jax.decode import check_models, check_positions
 from ssd_jax.engine import per_call, plain_verdicts, ssd_auto
 from ssd_jax.engine.adaptive import timings_allowed
-from ssd_jax.engine.auto_shape import shaped
+from ssd_jax.engine.auto_shape import open_paths, shaped
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS, signature
 from ssd_jax.engine.decoder import decode_arrays, split_cascade
@@ -154,6 +154,7 @@ def generate(
     sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
     batch = prepare_prompts(prompt_ids, target.config, max_new_tokens)
     draft = check_models(method, target, draft, sampling)
+    paths_open = open_paths(method, sampling)
     method = for_target(shaped(method, target, draft, sampling, batch.batch_size,
                                batch.max_length + int(max_new_tokens) // 2), target)
     check_positions(method, target, draft, sampling, batch.max_length, int(max_new_tokens))
@@ -168,7 +169,8 @@ def generate(
         return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
     verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
     if per_call.applies(method, policy_for(target.params), batch.batch_size):
-        return _generate_per_call(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
+        return _generate_per_call(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict,
+                                  paths_open)
     # "auto" remembers a call whose loop decoded (nearly) every step plainly: AR's loop, but for probes.
     if plain_verdicts.starts_plain(verdict):
         return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream)
@@ -188,40 +190,74 @@ def _plain_from_start(method, target: Model, batch, max_new_tokens: int, samplin
 
 
 def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
-                       stream, verdict) -> GenerateOutput:
+                       stream, verdict, paths_open: bool = False) -> GenerateOutput:
     """An "auto" call where the backend policy runs one fixed program chosen per call
-    (`ssd_jax.engine.per_call`): the method at the chosen length, or AR's program (length 0);
-    the call's acceptance, tokens and seconds per target call are remembered for the next choice
-    (the seconds not when streaming, whose host copies they would hold, nor on the call that
+    (`ssd_jax.engine.per_call`): the method at the chosen length (and, paths_open, path count), or
+    AR's program (length 0), AR's program timed on these inputs first where no run of it is priced
+    yet; the call's acceptance, tokens and seconds per target call are remembered for the next
+    choice (the seconds not when streaming, whose host copies they would hold, nor on the call that
     compiled the program)."""
     from ssd_jax.engine import adaptive
+    from ssd_jax.engine.auto_shape import PATH_CHOICES, path_acceptances
 
     start = time.perf_counter()
-    menu = per_call.menu_for(method, target, draft, sampling, batch.batch_size,
-                             batch.max_length + max_new_tokens // 2)
-    memory_key = adaptive.acceptance_key(target, draft, method, sampling)
-    acceptance = adaptive.ACCEPTANCE.get(memory_key)
-    length = per_call.choose(verdict, menu, acceptance)
+    context = batch.max_length + max_new_tokens // 2
+    shaped_methods = [dataclasses.replace(method, paths=k) for k in PATH_CHOICES] if paths_open else [method]
+    acceptances = path_acceptances(method, target, draft, sampling) if paths_open else {}
+    shapes, memory_keys = [], []
+    for candidate in shaped_methods:
+        memory_keys.append(adaptive.acceptance_key(target, draft, candidate, sampling))
+        paths = getattr(candidate, "paths", 1) or 1
+        acceptance = acceptances.get(paths, adaptive.ACCEPTANCE.get(memory_keys[-1]))
+        shapes.append(per_call.Shape(
+            _verdict_key(candidate, target, draft, sampling, batch, max_new_tokens) if paths_open else verdict,
+            per_call.menu_for(candidate, target, draft, sampling, batch.batch_size, context), acceptance, paths))
+    unpriced = [shape.key for shape in shapes if per_call.ar_unpriced(shape.key)]
+    if unpriced:
+        seconds, calls = _ar_reference(target, batch, max_new_tokens, sampling, key)
+        for shape_key in unpriced:
+            per_call.record(shape_key, 0, seconds, calls)
+    group = _verdict_key(dataclasses.replace(method, paths=None), target, draft, sampling, batch, max_new_tokens) \
+        if paths_open else verdict
+    index, length = per_call.choose_shape(group, shapes)
+    chosen = shaped_methods[index]
     measure_s = time.perf_counter() - start
     if length:
-        out = _generate_sync(per_call.fixed(method, length), target, draft, batch, max_new_tokens, sampling, key,
+        out = _generate_sync(per_call.fixed(chosen, length), target, draft, batch, max_new_tokens, sampling, key,
                              stream)
     else:
-        out = _plain_from_start(method, target, batch, max_new_tokens, sampling, key, stream)
+        out = _plain_from_start(chosen, target, batch, max_new_tokens, sampling, key, stream)
     stats = out.stats
     # Not timed: a streamed call (its host copies) and a call that compiled its program, whose
     # run is the executable's first (CPU, CSD on short prompts: 9.3 ms per target call against
     # ~5 ms on later runs at the same length, which priced that length out for good).
     timed = stream is None and not stats.get("compile_time_s")
-    per_call.record(verdict, length, stats["wall_time_s"] if timed else None, stats["target_calls"],
-                    stats["block_efficiency"] if length else None)
+    for shape in (shapes if length == 0 else [shapes[index]]):   # AR's program is every shape's
+        per_call.record(shape.key, length, stats["wall_time_s"] if timed else None, stats["target_calls"],
+                        stats["block_efficiency"] if length else None)
     observed = None
     if length:
         observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])
-        adaptive.ACCEPTANCE.update(memory_key, observed)
+        adaptive.ACCEPTANCE.update(memory_keys[index], observed)
     stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
-                 remembered_acceptance=acceptance, observed_acceptance=observed, cost_measure_time_s=measure_s)
+                 remembered_acceptance=shapes[index].acceptance, observed_acceptance=observed,
+                 cost_measure_time_s=measure_s)
+    if paths_open:
+        stats["chosen_paths"] = shapes[index].paths
     return out
+
+
+def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple[float, int]:
+    """AR's program (the one a plain-from-start call runs) on a per-call "auto" call's inputs:
+    (seconds of a run that is not the executable's first, its target calls), the price of the
+    choice's baseline."""
+    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
+    executable, compile_s = PROGRAMS.compiled(fn, key_parts + (None,), *args)   # _generate_sync's key for AR
+    if compile_s:
+        jax.block_until_ready(executable(*args))
+    start = time.perf_counter()
+    output = jax.block_until_ready(executable(*args))
+    return time.perf_counter() - start, int(jax.device_get(output.counters["spec"].target_calls))
 
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,

@@ -5,6 +5,7 @@ acceptance and the programs' measured prices, probes while AR's program wins."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from spec_models import pair
 PROMPTS = [[5, 9, 3, 7, 2, 11, 4]]
 COSTS = StepCosts(target_fixed=1.0, target_per_token=0.05, draft=0.1)
 KEY = ("program",)
+generate_module = importlib.import_module("ssd_jax.generate")   # the package's `generate` is the function
 MENU = per_call.simple_menu(COSTS, 8)
 
 
@@ -42,20 +44,26 @@ def per_call_policy(monkeypatch):
                         dataclasses.replace(backend.POLICIES[here], adaptive_per_call_below_rows=2))
 
 
+@pytest.fixture
+def model_costs(monkeypatch):
+    """Timings allowed, every cost at COSTS' (the pair's draft is the target's size, so its
+    measured costs would rightly choose AR's program every call: priced with a draft a tenth of
+    the target, the calls speculate), AR's program's reference run too."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
+    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: (24 * COSTS.target(1), 24))
+
+
 @pytest.fixture(scope="module")
 def models():
     return pair(noise=0.3)
 
 
-def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_policy, monkeypatch):
+def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_policy, model_costs, monkeypatch):
     """Greedy: every call gives AR's tokens and runs one fixed program (its stats say which);
     with timings allowed its acceptance and seconds are remembered. Sampled: the tokens of the
     fixed program of the chosen length with the same key (whose law the fixed-length tests
     check). Two rows keep the adaptive loop."""
-    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    # This pair's draft is the target's size, so its measured costs would rightly choose AR's
-    # program every call: priced with a draft a tenth of the target, the calls speculate.
-    monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
     target, draft = models
     reference = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method="ar")
     method = ssd_jax.SD(draft_len="auto", max_draft_len=4)
@@ -90,11 +98,9 @@ def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_polic
     assert "per_call" not in two_rows.stats and two_rows.tokens == reference.tokens * 2
 
 
-def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_policy, monkeypatch):
+def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_policy, model_costs):
     """An executable's first run is slow (allocations, first touches): its seconds would price its
     length out for good, so that call records its tokens but no price; the next call does."""
-    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
     target, draft = models
     compile_cache.clear()
     method = ssd_jax.SD(draft_len="auto", max_draft_len=2)
@@ -103,7 +109,8 @@ def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_polic
         out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft)
         if not out.stats["compile_time_s"]:
             warm.add(out.stats["planned_draft_len"])
-        assert {key[1] for key in per_call._PRICES._values} == warm
+        # AR's program is priced before the first choice: the baseline
+        assert {key[1] for key in per_call._PRICES._values} == warm | {0}
     assert warm and per_call._TOKENS._values
 
 
@@ -133,13 +140,14 @@ def test_a_fixed_length_keeps_its_program(models, per_call_policy):
 
 
 def test_a_sampled_multi_path_call_is_its_fixed_program(models, per_call_policy):
-    """T=1: the tokens of the fixed program (the paths "auto" chose, the length per call) with
-    the same key, whose law the fixed-length tests check."""
+    """T=1: the tokens of the fixed program (the paths and the length chosen per call) with the
+    same key, whose law the fixed-length tests check."""
     target, draft = models
     key = jax.random.PRNGKey(3)
     out = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=ssd_jax.GBV(), draft=draft,
                            temperature=1.0, key=key)
-    length, paths = out.stats["planned_draft_len"], out.stats["num_paths"]
+    length, paths = out.stats["planned_draft_len"], out.stats["chosen_paths"]
+    assert paths in (1, 2, 4) and (not length or out.stats["num_paths"] == paths)
     fixed = ssd_jax.GBV(draft_len=length, paths=paths) if length else ssd_jax.AR()
     again = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=fixed, draft=draft if length else None,
                              temperature=1.0, key=key)
@@ -236,3 +244,49 @@ def test_deterministic_auto_neither_measures_nor_probes():
     assert per_call.prices(KEY, menu)[2] == pytest.approx(per_call.model_seconds(COSTS, 2))
     assert per_call.tokens_per_call(KEY, menu, 0.7)[2] == pytest.approx(adaptive.expected_tokens(0.7, 2))
     assert all(per_call.choose(KEY, menu, 0.0) == 0 for _ in range(2 * per_call.PROBE_EVERY))
+
+
+def test_ar_reference_times_ars_own_program(models):
+    """The choice's baseline: AR's program run on the call's inputs (again where this compiled
+    it), its seconds and target calls."""
+    from ssd_jax.engine.prompts import prepare_prompts
+
+    target, _ = models
+    batch = prepare_prompts(PROMPTS, target.config, 12)
+    seconds, calls = generate_module._ar_reference(target, batch, 12, ssd_jax.SamplingParams(), jax.random.PRNGKey(0))
+    assert seconds > 0 and calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=12).stats["target_calls"]
+
+
+def test_path_count_follows_the_measured_verification(monkeypatch):
+    """Forwards priced alike at 1, 2 and 4 paths (a GPU's wide forwards), more paths accept more.
+    Nothing measured: one path (the cheapest program; the others scale its surplus). Measured as
+    modelled, 4 paths borrow its surplus and are tried; measured far dearer than the model says
+    (their verification and sampling), 2 paths, borrowing from the nearest measured count, are
+    tried; measured in between, one path wins. AR's program measured cheaper than every program:
+    AR's."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    gpu = StepCosts(target_fixed=1.0, target_per_token=0.0, draft=0.1)
+    menu = per_call.simple_menu(gpu, 4)
+    shapes = [per_call.Shape((f"K={k}",), menu, a, k) for k, a in ((1, 0.6), (2, 0.65), (4, 0.7))]
+    group = ("group",)
+
+    def measured(shape, surplus: float) -> None:
+        for length in menu.lengths:
+            per_call.record(shape.key, length, seconds=10 * (menu.model_s[length] + surplus), target_calls=10)
+
+    assert per_call.choose_shape(group, shapes) == (0, 4)
+    for shape in shapes:   # AR's program, every shape's baseline, measured as modelled
+        per_call.record(shape.key, 0, seconds=10 * menu.model_s[0], target_calls=10)
+    measured(shapes[0], 0.0)
+    assert per_call.choose_shape(group, shapes)[0] == 2
+    measured(shapes[2], 2.0)
+    price = per_call.prices(shapes[1].key, menu, [(shapes[2].key, menu, 0.5)])
+    assert price[2] == pytest.approx(menu.model_s[2] + 1.0)
+    assert per_call.choose_shape(group, shapes)[0] == 1   # borrowing one path's surplus, x2
+    measured(shapes[1], 1.0)
+    assert per_call.choose_shape(group, shapes) == (0, 4)
+    per_call.forget()   # AR's program measured at a tenth of the model: no program pays
+    for shape in shapes:
+        per_call.record(shape.key, 0, seconds=menu.model_s[0], target_calls=10)
+    measured(shapes[0], 0.0)
+    assert per_call.choose_shape(group, shapes)[1] == 0

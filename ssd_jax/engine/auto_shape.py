@@ -15,7 +15,11 @@ paths 1 - (1 - a_1)^(K^PATH_GAIN_EXPONENT). K i.i.d. draws from one draft are fa
 independent guesses (that would be the exponent K); 0.2 fits the embedded pair at T=1, L=5
 (benchmarks/results/speculative_sweep.json: one path's 0.74 per position becomes 0.79 with
 SpecInfer's 2 paths and 0.81 with 3). The loop's counters then report the real a_K, which the
-next call uses. At temperature 0 the K paths are copies of the argmax path, so K = 1.
+next call uses. At temperature 0 the K paths are copies of the argmax path, so K = 1. Where the
+backend policy chooses per call (`ssd_jax.engine.per_call`, a GPU at one row), K is chosen there
+instead, each call, from the programs' measured prices: this model leaves out the verification
+and sampling that grow with K, which on a GPU, where the forwards of 4 paths cost one path's,
+decide it.
 
 Nothing here touches exactness: the shapes are fixed before the call's first verification.
 """
@@ -59,6 +63,22 @@ def path_acceptance(remembered: dict[int, float | None], paths: int) -> float:
     return 1.0 - (1.0 - single) ** (paths ** PATH_GAIN_EXPONENT)
 
 
+def open_paths(method, sampling) -> bool:
+    """Whether "auto" chooses this multi-path method's path count (left None, sampled: at
+    temperature 0 it is 1)."""
+    return (getattr(method, "adaptive", False) and method.name in MULTI_PATH and method.paths is None
+            and not sampling.greedy)
+
+
+def path_acceptances(method, target, draft, sampling) -> dict[int, float]:
+    """K -> a_K for every K in PATH_CHOICES (`path_acceptance`, from what calls of the method with
+    K paths remembered)."""
+    remembered = {k: adaptive.ACCEPTANCE.known(adaptive.acceptance_key(target, draft, dataclasses.replace(method, paths=k),
+                                                                      sampling))
+                  for k in PATH_CHOICES}
+    return {k: path_acceptance(remembered, k) for k in PATH_CHOICES}
+
+
 def paths_speedup(costs: adaptive.StepCosts, draft_seconds: float, acceptance: float, paths: int,
                   max_draft_len: int) -> float:
     """The cost model's best predicted speedup over plain decoding with `paths` paths (draft
@@ -78,14 +98,12 @@ def choose_paths(method, target, draft, sampling, batch: int, context: int, meas
         costs = adaptive.measure_costs(target, draft, batch, context, width)
     else:
         costs = adaptive.cached_costs(target, draft, batch, context, width)
-    remembered = {k: adaptive.ACCEPTANCE.known(adaptive.acceptance_key(target, draft, dataclasses.replace(method, paths=k),
-                                                                      sampling))
-                  for k in PATH_CHOICES}
+    acceptances = path_acceptances(method, target, draft, sampling)
     speedups = []
     for k in PATH_CHOICES:
         rows = adaptive.forward_seconds(draft, batch * k, 1, context, measure and costs.measured) if k > 1 else None
         draft_seconds = costs.draft if rows is None else rows
-        speedups.append(paths_speedup(costs, draft_seconds, path_acceptance(remembered, k), k, width))
+        speedups.append(paths_speedup(costs, draft_seconds, acceptances[k], k, width))
     return PATH_CHOICES[int(np.argmax(np.round(speedups, 6)))]
 
 

@@ -31,7 +31,21 @@ nearest measured length read against its own E (a retrieval draft finds nothing 
 a cascade's lenient review accepts near misses: the geometric law alone is off by a factor that
 a measured length shows), a the pair's remembered per-position acceptance (`adaptive.ACCEPTANCE`,
 which these calls update from their counters as the loop's do). The choice depends only on past
-calls and timings, so each call keeps its fixed program's exact law. While AR's program wins,
+calls and timings, so each call keeps its fixed program's exact law.
+
+price(0), AR's program's, is timed on the call's own inputs before the first choice of a program
+key (a run that is not the executable's first): priced as the drafted lengths' model plus their
+surplus, AR's program read as dear as the method's verification (on an H200, GBV at T=1 with 4
+paths measured ~0.7 ms a target call against AR's 0.15 ms a token, while the borrowed surplus
+priced AR near 0.45 ms: "auto" ran 0.70-0.74x AR and never chose AR's program).
+
+A multi-path method whose paths "auto" left open (SpecInfer, SpecTr, GBV at T > 0) chooses its
+path count here too, among `auto_shape.PATH_CHOICES` (`Shape`s, one per K): the cost model's
+forwards at K L + 1 tokens cost about one token's on a GPU, so it takes the most paths, but their
+verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran
+0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
+one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
+K / K', so more paths are tried where their predicted gain outweighs that. While AR's program wins,
 the PROBE_EVERY-th call runs the best length anyway, so the acceptance stays current, and each
 probe after which AR's program still wins doubles the calls to the next (up to PROBE_EVERY_MAX,
 as the loop's and SSD's plain verdicts back off: on CPU, PLD at T=1 lost 1-5% to its probes
@@ -42,7 +56,9 @@ length run compiles its program once (the compile cache keeps it).
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
+from typing import Sequence
 
 import numpy as np
 
@@ -74,6 +90,18 @@ class Menu:
     @property
     def max_len(self) -> int:
         return self.lengths[-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """One shape of a method's fixed programs that a call may run (a multi-path method's path
+    count): the key its prices and tokens are remembered under, its Menu, the per-position
+    acceptance remembered for it, and its paths."""
+
+    key: tuple
+    menu: Menu
+    acceptance: float
+    paths: int = 1
 
 
 def applies(method, policy, rows: int) -> bool:
@@ -141,25 +169,47 @@ def fixed(method, length: int):
     return dataclasses.replace(method, **{field: int(length)})
 
 
-def prices(key, menu: Menu) -> np.ndarray:
-    """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
-    length: the model's plus the surplus measured on that program; for a length not measured, the
-    nearest measured length's surplus (the shorter on a tie), else AR's, else none; for AR's
-    program not measured, the shortest measured length's (priced bare against measured drafts,
-    AR's program looked cheaper than it is, and a call that paid would hand the next one to it).
-    Entries of lengths off the menu: inf."""
-    surplus = {}
+def _surpluses(key, menu: Menu) -> dict[int, float]:
+    """Measured seconds per target call over the model's, by length (0: AR's program), of the
+    menu's programs measured under key."""
+    found = {}
     for length in (0,) + menu.lengths:
         measured = _PRICES.lookup((key, length)) if timings_allowed() else None
         if measured is not None:
-            surplus[length] = measured - menu.model_s[length]
+            found[length] = measured - menu.model_s[length]
+    return found
+
+
+def _nearest(lengths, length: int) -> int:
+    return min(lengths, key=lambda n: (abs(n - length), n))
+
+
+def prices(key, menu: Menu, borrow: Sequence[tuple] = ()) -> np.ndarray:
+    """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
+    length: the model's plus the surplus measured on that program; for a length not measured, the
+    nearest measured length's surplus (the shorter on a tie); where no length of this key was
+    measured, that of the first of borrow's (key, menu, scale) that has one, times scale (another
+    shape's: K / K' paths), else AR's, else none; for AR's program not measured, the shortest
+    measured length's (priced bare against measured drafts, AR's program looked cheaper than it
+    is, and a call that paid would hand the next one to it). Entries of lengths off the menu: inf."""
+    surplus = _surpluses(key, menu)
     drafted = [n for n in surplus if n > 0]
+    borrowed = None
+    if not drafted:
+        for other_key, other_menu, scale in borrow:
+            theirs = {n: extra for n, extra in _surpluses(other_key, other_menu).items() if n > 0}
+            if theirs:
+                borrowed = theirs, scale
+                break
     out = np.full(menu.max_len + 1, np.inf)
     for length in (0,) + menu.lengths:
         if length in surplus:
             extra = surplus[length]
         elif drafted:
-            extra = surplus[min(drafted, key=lambda n: (abs(n - length), n))]
+            extra = surplus[_nearest(drafted, length)]
+        elif borrowed is not None and length > 0:
+            theirs, scale = borrowed
+            extra = scale * theirs[_nearest(theirs, length)]
         else:
             extra = surplus.get(0, 0.0)
         out[length] = max(menu.model_s[length] + extra, 1e-12)
@@ -184,36 +234,69 @@ def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
             continue
         out[length] = expected_tokens(acceptance, length)
         if measured:
-            near = min(measured, key=lambda n: (abs(n - length), n))
+            near = _nearest(measured, length)
             out[length] *= measured[near] / expected_tokens(acceptance, near)
     return out
 
 
-def predicted_speedups(key, menu: Menu, acceptance: float) -> np.ndarray:
+def predicted_speedups(key, menu: Menu, acceptance: float, borrow: Sequence[tuple] = ()) -> np.ndarray:
     """float64 [max_len + 1]: each program's predicted speedup over AR's (index 0: 1.0; lengths
-    off the menu: 0)."""
-    price = prices(key, menu)
+    off the menu: 0). borrow: as `prices`'."""
+    price = prices(key, menu, borrow)
     return tokens_per_call(key, menu, acceptance) * price[0] / price
 
 
-def choose(key, menu: Menu, acceptance: float) -> int:
-    """The length this call runs (0: AR's program): the best predicted speedup (ties: the
-    shorter), a speculative length over AR's only where it predicts a gain; where AR's wins, the
-    best length as a probe, PROBE_EVERY calls after AR's program started winning, then twice as
-    many calls after each probe it kept winning through (at most PROBE_EVERY_MAX). Decided on
-    process 0's prices on every process (`agreed`)."""
-    speedups = agreed(predicted_speedups(key, menu, acceptance))
-    best = 1 + int(np.argmax(np.round(speedups[1:], 6)))
-    if speedups[best] > 1.0:
+def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
+    """Each shape's `predicted_speedups`, a shape not yet measured borrowing from the others,
+    nearest path count first, at K / K'; while no shape has a measured length, only the first
+    (the fewest paths: the cheapest program to compile and the surplus the others scale from),
+    the others 0."""
+    if not any(n > 0 for shape in shapes for n in _surpluses(shape.key, shape.menu)):
+        first = predicted_speedups(shapes[0].key, shapes[0].menu, shapes[0].acceptance)
+        return [first] + [np.zeros(shape.menu.max_len + 1) for shape in shapes[1:]]
+    out = []
+    for shape in shapes:
+        others = sorted((o for o in shapes if o is not shape), key=lambda o: abs(math.log(o.paths / shape.paths)))
+        borrow = [(o.key, o.menu, shape.paths / o.paths) for o in others]
+        out.append(predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow))
+    return out
+
+
+def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
+    """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
+    shape a probe would run): the best predicted
+    speedup over every shape's lengths (ties: the earlier shape, the shorter length), a
+    speculative program over AR's only where it predicts a gain; where AR's wins, the best one as
+    a probe, PROBE_EVERY calls after AR's program started winning, then twice as many calls after
+    each probe it kept winning through (at most PROBE_EVERY_MAX), counted under group. Decided
+    on process 0's prices on every process (`agreed`)."""
+    table = shape_speedups(shapes)
+    flat = agreed(np.concatenate([t[1:] for t in table]))
+    sizes = [t.shape[0] - 1 for t in table]
+    best = int(np.argmax(np.round(flat, 6)))
+    index = int(np.searchsorted(np.cumsum(sizes), best, side="right"))
+    length = 1 + best - sum(sizes[:index])
+    if flat[best] > 1.0:
         with _LOCK:
-            _AR_CALLS.store(key, (0, PROBE_EVERY))
-        return best
+            _AR_CALLS.store(group, (0, PROBE_EVERY))
+        return index, length
     with _LOCK:
-        since, interval = _AR_CALLS.lookup(key, (0, PROBE_EVERY))
+        since, interval = _AR_CALLS.lookup(group, (0, PROBE_EVERY))
         since += 1
         probe = since >= interval and timings_allowed()
-        _AR_CALLS.store(key, (0, min(2 * interval, PROBE_EVERY_MAX)) if probe else (since, interval))
-    return best if probe else 0
+        _AR_CALLS.store(group, (0, min(2 * interval, PROBE_EVERY_MAX)) if probe else (since, interval))
+    return index, (length if probe else 0)
+
+
+def choose(key, menu: Menu, acceptance: float) -> int:
+    """The length this call runs (0: AR's program) for one shape: `choose_shape`'s."""
+    return choose_shape(key, [Shape(key, menu, acceptance)])[1]
+
+
+def ar_unpriced(key) -> bool:
+    """Whether no run of AR's program is priced under key (timings allowed): the call then times
+    it on its inputs before choosing (module docstring)."""
+    return timings_allowed() and _PRICES.lookup((key, 0)) is None
 
 
 def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None) -> None:
