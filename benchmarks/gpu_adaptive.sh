@@ -10,11 +10,14 @@
 # cache, so the timed runs after them, one at a time, load their programs instead of compiling
 # them (compiling is most of a case's time on a GPU: 50-90 s against seconds of decoding).
 # The specs' order is their priority (each later one runs 5 nicer). Nothing they measure is kept; the timed runs measure everything again.
+# The script's output also goes to OUTDIR/gpu_adaptive.log. PACK_TO=DIR packs OUTDIR into
+# DIR/gpu_adaptive.tgz at the end (a device call returns at most 8 files: PACK_TO=$OUT).
 set -u
 out=$1
 deadline=$(( $(date +%s) + $2 ))
 shift 2
 mkdir -p "$out"
+exec > >(tee -a "$out/gpu_adaptive.log") 2>&1
 export PYTHONUNBUFFERED=1
 # Compilations shared between processes (AR, the prefill, a prewarmed case) are compiled once.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/ssd_jax_jit_cache}
@@ -63,3 +66,6 @@ for spec in "$@"; do
     --lengths "$lengths" $flags --out "$out/adaptive_gpu_${method}_b${batches//,/}"
   echo "gpu_adaptive: $spec ended with status $? ($(date -u +%T))"
 done
+if [ -n "${PACK_TO:-}" ]; then
+  mkdir -p "$PACK_TO" && tar czf "$PACK_TO/gpu_adaptive.tgz" -C "$out" . && echo "gpu_adaptive: packed into $PACK_TO/gpu_adaptive.tgz"
+fi

@@ -264,12 +264,12 @@ def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
 
 def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
-    shape a probe would run): the best predicted
-    speedup over every shape's lengths (ties: the earlier shape, the shorter length), a
-    speculative program over AR's only where it predicts a gain; where AR's wins, the best one as
-    a probe, PROBE_EVERY calls after AR's program started winning, then twice as many calls after
-    each probe it kept winning through (at most PROBE_EVERY_MAX), counted under group. Decided
-    on process 0's prices on every process (`agreed`)."""
+    shape a probe would run): the best predicted speedup over every shape's lengths (ties: the
+    earlier shape, the shorter length), a speculative program over AR's only where it predicts a
+    gain; where AR's wins, the best one as a probe, PROBE_EVERY calls after AR's program started
+    winning, then twice as many calls after each probe it kept winning through (at most
+    PROBE_EVERY_MAX), counted under group. Decided on process 0's prices on every process
+    (`agreed`)."""
     table = shape_speedups(shapes)
     flat = agreed(np.concatenate([t[1:] for t in table]))
     sizes = [t.shape[0] - 1 for t in table]
