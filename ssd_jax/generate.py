@@ -247,12 +247,20 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     return out
 
 
+def _ar_executable(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple:
+    """AR's compiled program on a call's inputs, the one a plain-from-start call runs: (executable,
+    args, program key, seconds compiling it now: 0.0 when cached)."""
+    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
+    program_key = key_parts + (None,)   # _generate_sync's for AR: no plan
+    executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
+    return executable, args, program_key, compile_s
+
+
 def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple[float, int]:
     """AR's program (the one a plain-from-start call runs) on a per-call "auto" call's inputs:
     (seconds of a run that is not the executable's first, its target calls), the price of the
     choice's baseline."""
-    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
-    executable, compile_s = PROGRAMS.compiled(fn, key_parts + (None,), *args)   # _generate_sync's key for AR
+    executable, args, _, compile_s = _ar_executable(target, batch, max_new_tokens, sampling, key)
     if compile_s:
         jax.block_until_ready(executable(*args))
     start = time.perf_counter()
@@ -328,9 +336,7 @@ def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingPar
     ar_steps = int(np.max(np.asarray(num_tokens))) - 1
 
     def ar_ratio() -> float | None:
-        fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
-        program_key = key_parts + (None,)   # _generate_sync's for AR: no plan
-        executable, _ = PROGRAMS.compiled(fn, program_key, *args)
+        executable, args, program_key, _ = _ar_executable(target, batch, max_new_tokens, sampling, key)
         ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args,
                                          (program_key, signature(args), signature(loop_args)))
         found["ar_step_over_loop_plain"] = ratio
