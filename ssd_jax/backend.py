@@ -72,7 +72,10 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   not yet re-timed there. Batch 8 keeps the loop (1.01-1.04 of the best fixed length on the
   H100, where a step is long enough to hide the reads).
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
-  1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0).
+  1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0),
+  and on an H200 too (1.63x vs 1.55x, 2026-11-28): building and verifying the tree grow with its
+  nodes where the forward does not. Under "auto" this size caps the one the measured forwards
+  choose (`auto_shape.tree_size_for`).
 
 Inside a jitted function a model's arrays are tracers with no devices; `platform_of` then gives
 the platform of JAX's default device, which is where an unannotated jit compiles.

@@ -49,9 +49,10 @@ DEFAULTS: dict[str, dict] = {
     "spectr": dict(_ADAPTIVE, paths=None),
     "gbv": dict(_ADAPTIVE, paths=None),
     "pld": dict(draft_len=AUTO, min_ngram=1, max_ngram=3, max_draft_len=8),
-    # tree_size None: under "auto" the largest of 8/16/32/64 nodes whose target forward costs at
-    # most 1.1x one token's, measured (`ssd_jax.engine.auto_shape`); otherwise, and where nothing
-    # is measured, the backend policy's (`ssd_jax.backend`: 8 nodes on CPU, 16 on GPU, 64 on TPU).
+    # tree_size None: under "auto" the largest of 8/16/32/64 nodes (at most the backend policy's)
+    # whose target forward costs at most 1.1x one token's, measured (`ssd_jax.engine.auto_shape`);
+    # otherwise, and where nothing is measured, the backend policy's (`ssd_jax.backend`: 8 nodes
+    # on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=AUTO),
     "ssd": dict(draft_len=AUTO, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",

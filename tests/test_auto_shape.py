@@ -4,9 +4,12 @@ with the chosen shapes; the fields' bad input."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import ssd_jax
+from ssd_jax import backend
 from ssd_jax.engine import adaptive, auto_shape
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
@@ -44,7 +47,16 @@ def _fake_forwards(monkeypatch, seconds_by_width: dict, rows_factor: float = 1.0
 ])
 def test_tree_size_is_the_largest_within_the_tolerance(monkeypatch, models, widths, expected):
     _fake_forwards(monkeypatch, widths)
-    assert auto_shape.tree_size_for(models[0], 1, 64) == expected
+    assert auto_shape.tree_size_for(models[0], 1, 64, largest=64) == expected
+
+
+def test_tree_size_is_capped_by_the_backend_policy(monkeypatch, models):
+    """Forwards free at every width: the policy's size (its measured best, the tree's building
+    and verification growing with its nodes), or largest's."""
+    _fake_forwards(monkeypatch, {1: 1.0})
+    assert auto_shape.tree_size_for(models[0], 1, 64) == backend.policy_for(models[0].params).logitspec_tree_size
+    assert auto_shape.tree_size_for(models[0], 1, 64, largest=16) == 16
+    assert auto_shape.tree_size_for(models[0], 1, 64, largest=12) == 8
 
 
 def test_tree_size_is_left_to_the_policy_without_timings(models):
@@ -57,7 +69,11 @@ def test_tree_size_is_left_to_the_policy_without_timings(models):
 
 
 def test_a_cheap_wide_forward_gets_a_big_exact_tree(monkeypatch, timed, models):
+    """A backend whose policy allows 64 nodes (a TPU's) and a forward as cheap at 64 tokens as
+    at one: 64 nodes, the AR tokens."""
     target, _ = models
+    here = backend.default_platform()
+    monkeypatch.setitem(backend.POLICIES, here, dataclasses.replace(backend.POLICIES[here], logitspec_tree_size=64))
     _fake_forwards(monkeypatch, {1: 1.0, 8: 1.0, 16: 1.0, 32: 1.0, 64: 1.0})
     prompts = [[3, 4, 5, 6, 3, 4, 5, 6, 3], [9, 10]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=32)

@@ -221,19 +221,47 @@ def test_measured_tokens_per_call_correct_the_geometric_law(monkeypatch):
 
 
 def test_ar_wins_but_probes_speculate_ever_further_apart(monkeypatch):
-    """While AR's program wins: a probe PROBE_EVERY calls in, then 2x and 4x as many calls after
-    each probe it kept winning through, capped at PROBE_EVERY_MAX; a predicted gain speculates
-    and starts the count again."""
+    """While AR's program wins: a probe once the calls since hold its predicted loss within
+    PROBE_OVERHEAD of them, then 2x and 4x as many calls after each probe it kept winning through,
+    capped at PROBE_EVERY_MAX; a predicted gain speculates and starts the count again."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    p = per_call.PROBE_EVERY
+    speedup = per_call.predicted_speedups(KEY, MENU, 0.0)[1:].max()
+    assert 0.8 < speedup < 0.95
+    p = per_call.probe_interval(speedup, 0)
+    assert p == int(np.ceil((1 / speedup - 1) / per_call.PROBE_OVERHEAD - 1e-9)) and p > per_call.PROBE_EVERY_MIN
     choices = [per_call.choose(KEY, MENU, 0.0) for _ in range(7 * p)]
     probes = [i for i, length in enumerate(choices) if length]
     assert probes == [p - 1, 3 * p - 1, 7 * p - 1] and choices[probes[0]] == 1
     for _ in range(20 * per_call.PROBE_EVERY_MAX // p):
         per_call.choose(KEY, MENU, 0.0)
-    assert per_call._AR_CALLS.lookup(KEY)[1] == per_call.PROBE_EVERY_MAX
+    assert per_call.probe_interval(speedup, per_call._AR_CALLS.lookup(KEY)[1]) == per_call.PROBE_EVERY_MAX
     assert per_call.choose(KEY, MENU, 0.9) > 1      # a gain again: speculation, and the count restarts
     assert [per_call.choose(KEY, MENU, 0.0) for _ in range(p)][-1] == 1
+
+
+@pytest.mark.parametrize("speedup, first", [(0.999, 2), (0.9, 6), (0.55, 41), (0.3, 64), (0.0, 64)])
+def test_probes_are_as_far_apart_as_their_predicted_loss(speedup, first):
+    """A near tie probes within PROBE_EVERY_MIN calls (one poor call does not hand the next good
+    ones to AR's program); a clear loss seldom (each probe costs 1/s - 1 of an AR call); doubling
+    after each probe AR's program kept winning through, up to PROBE_EVERY_MAX."""
+    assert per_call.probe_interval(speedup, 0) == first
+    assert per_call.probe_interval(speedup, 1) == min(2 * first, per_call.PROBE_EVERY_MAX)
+    assert per_call.probe_interval(speedup, 40) == per_call.PROBE_EVERY_MAX
+
+
+def test_a_near_tie_probes_soon_and_a_clear_loss_late(monkeypatch):
+    """Through choose_shape: AR's program measured a hair cheaper than L=1's tokens are worth
+    probes on the second call; measured at twice L=1's price per token, not before the 50th."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    menu = per_call.Menu((1,), np.asarray([1.0, 1.0]))
+    per_call.record(KEY, 1, seconds=10.0, target_calls=10, tokens=1.0)   # L=1: 1 s and 1 token a call
+    per_call.record(KEY, 0, seconds=9.99, target_calls=10)               # AR: 0.999 s a token
+    assert [per_call.choose(KEY, menu, 0.5) for _ in range(2)] == [0, 1]
+    other = ("clear loss",)
+    per_call.record(other, 1, seconds=20.0, target_calls=10, tokens=1.0)
+    per_call.record(other, 0, seconds=10.0, target_calls=10)
+    choices = [per_call.choose(other, menu, 0.5) for _ in range(50)]
+    assert choices.index(1) == 49 and sum(choices) == 1
 
 
 def test_deterministic_auto_neither_measures_nor_probes():
@@ -243,18 +271,22 @@ def test_deterministic_auto_neither_measures_nor_probes():
     menu = per_call.simple_menu(COSTS, 4)
     assert per_call.prices(KEY, menu)[2] == pytest.approx(per_call.model_seconds(COSTS, 2))
     assert per_call.tokens_per_call(KEY, menu, 0.7)[2] == pytest.approx(adaptive.expected_tokens(0.7, 2))
-    assert all(per_call.choose(KEY, menu, 0.0) == 0 for _ in range(2 * per_call.PROBE_EVERY))
+    assert all(per_call.choose(KEY, menu, 0.0) == 0 for _ in range(2 * per_call.PROBE_EVERY_MAX))
 
 
-def test_ar_reference_times_ars_own_program(models):
+def test_ar_reference_times_ars_own_program(models, monkeypatch):
     """The choice's baseline: AR's program run on the call's inputs (again where this compiled
-    it), its seconds and target calls."""
+    it), the fastest of AR_REFERENCE_RUNS timed runs, and its target calls."""
     from ssd_jax.engine.prompts import prepare_prompts
 
     target, _ = models
     batch = prepare_prompts(PROMPTS, target.config, 12)
     seconds, calls = generate_module._ar_reference(target, batch, 12, ssd_jax.SamplingParams(), jax.random.PRNGKey(0))
     assert seconds > 0 and calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=12).stats["target_calls"]
+    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 29.0])   # runs of 5, 2 and 9 s
+    monkeypatch.setattr(generate_module, "AR_REFERENCE_RUNS", 3)
+    monkeypatch.setattr(generate_module.time, "perf_counter", lambda: next(clock))
+    assert generate_module._ar_reference(target, batch, 12, ssd_jax.SamplingParams(), jax.random.PRNGKey(0))[0] == 2.0
 
 
 def test_path_count_follows_the_measured_verification(monkeypatch):

@@ -2,11 +2,16 @@
 budget and the multi-path methods' path count, from measured target forwards and acceptance,
 where the user left them None.
 
-LogitSpec: the largest of TREE_SIZES nodes whose target forward costs at most 1 + TREE_TOLERANCE
-times one token's (`adaptive.forward_seconds`, per model, batch, context bucket and
-backend). A wider tree never lowers the tokens a step accepts; what it costs is the forward, so a
-target that verifies 32 tokens in a token's time (a large model on an accelerator) gets 32 nodes
-and the 2-core CPU, where 8 tokens already cost ~1.3x one, gets the smallest.
+LogitSpec: the largest of TREE_SIZES nodes, at most the backend policy's `logitspec_tree_size`,
+whose target forward costs at most 1 + TREE_TOLERANCE times one token's
+(`adaptive.forward_seconds`, per model, batch, context bucket and backend). A wider tree never
+lowers the tokens a step accepts; what it costs is the forward, so the 2-core CPU, where 8 tokens
+already cost ~1.3x one, gets the smallest. But not only the forward: building and verifying the
+tree grow with its nodes too, which a GPU's forward hides least. On an H200 (2026-11-28, embedded
+pair, batch 1, T=0) 64 nodes, whose forward costs a token's, took 0.38 ms a target call against
+16 nodes' 0.30 ms for 3.79 tokens against 3.37 (1.55x AR against 1.63x; short prompts 1.64x
+against 1.85x), and on an H100 16 nodes ran 1.96x AR, 64 nodes 1.63x: the policy's size, the
+best measured on its backend, caps the forward's choice.
 
 SpecInfer / SpecTr / GBV: K in PATH_CHOICES maximising the cost model's speedup
     E(a_K, L) target(1) / (target(K L + 1) + L draft(K rows)),    best L for each K,
@@ -38,14 +43,18 @@ PATH_CHOICES = (1, 2, 4)
 PATH_GAIN_EXPONENT = 0.2
 MULTI_PATH = ("specinfer", "spectr", "gbv")
 
-def tree_size_for(target, batch: int, context: int, measure: bool = True) -> int | None:
-    """LogitSpec's node budget on this target, batch and context (module docstring); None when
-    nothing is measured (the caller keeps the backend policy's)."""
+def tree_size_for(target, batch: int, context: int, measure: bool = True, largest: int | None = None) -> int | None:
+    """LogitSpec's node budget on this target, batch and context (module docstring), at most
+    largest (None: the target's backend policy's `logitspec_tree_size`); None when nothing is
+    measured (the caller keeps the backend policy's)."""
+    from ssd_jax.backend import policy_for
+
     one = adaptive.forward_seconds(target, batch, 1, context, measure)
     if one is None:
         return None
+    largest = policy_for(target.params).logitspec_tree_size if largest is None else largest
     chosen = TREE_SIZES[0]
-    for size in TREE_SIZES[1:]:
+    for size in (n for n in TREE_SIZES[1:] if n <= largest):
         seconds = adaptive.forward_seconds(target, batch, size, context, measure)
         if seconds is None or seconds > (1 + TREE_TOLERANCE) * one:
             break

@@ -46,11 +46,16 @@ verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with
 0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
 one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
 K / K', so more paths are tried where their predicted gain outweighs that. While AR's program wins,
-the PROBE_EVERY-th call runs the best length anyway, so the acceptance stays current, and each
-probe after which AR's program still wins doubles the calls to the next (up to PROBE_EVERY_MAX,
-as the loop's and SSD's plain verdicts back off: on CPU, PLD at T=1 lost 1-5% to its probes
-every 8th call, at 0.58-0.82x AR each). Each
-length run compiles its program once (the compile cache keeps it).
+a call runs the best length anyway now and then (a probe), so the acceptance stays current. A
+probe costs 1/s - 1 of an AR call where s is the best predicted speedup (< 1), so the calls
+between probes are as many as keep that under PROBE_OVERHEAD of them (at least PROBE_EVERY_MIN),
+and each probe after which AR's program still wins doubles them (up to PROBE_EVERY_MAX, as the
+loop's and SSD's plain verdicts back off). A near tie probes within a few calls: one poor call
+(a prompt that retrieval drafts badly) does not hand the next several good ones to AR's program
+(H200, LogitSpec on the repeat set at T=0: 58% of the calls AR's program, 0.72 of fixed L=8,
+under a fixed first probe 8 calls in); a clear loss probes seldom (H200, LogitSpec at T=1 at
+~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU, PLD at T=1 lost 1-5% to them
+at 0.58-0.82x AR each). Each length run compiles its program once (the compile cache keeps it).
 """
 
 from __future__ import annotations
@@ -69,12 +74,13 @@ from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
 # before the call: paths, tree size).
 METHODS = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd")
 PRICE_WEIGHT = 0.5       # a call's weight in its length's remembered seconds and tokens per target call
-PROBE_EVERY = 8          # while AR's program wins, the first probe is this many calls in ...
-PROBE_EVERY_MAX = 64     # ... and each probe that leaves it winning doubles that, up to this
+PROBE_OVERHEAD = 0.02   # while AR's program wins, probes cost at most this share of the calls ...
+PROBE_EVERY_MIN = 2      # ... and are at least this many calls apart at first ...
+PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubles that, up to this
 
 _PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> seconds per target call
 _TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> tokens per target call
-_AR_CALLS = Recent()   # program key -> (calls of AR's program since the last probe, calls between probes)
+_AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
 _LOCK = threading.Lock()
 
 
@@ -262,14 +268,23 @@ def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
     return out
 
 
+def probe_interval(best_speedup: float, probes_lost: int) -> int:
+    """The calls of AR's program between probes while it wins: as many as keep a probe's predicted
+    loss (1 / best_speedup - 1 of an AR call) within PROBE_OVERHEAD of them, at least
+    PROBE_EVERY_MIN, doubled for each probe AR's program kept winning through, at most
+    PROBE_EVERY_MAX."""
+    loss = 1.0 / max(best_speedup, 1e-6) - 1.0
+    first = max(PROBE_EVERY_MIN, math.ceil(round(loss / PROBE_OVERHEAD, 6)))
+    return min(first * 2 ** min(probes_lost, 16), PROBE_EVERY_MAX)
+
+
 def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
     shape a probe would run): the best predicted speedup over every shape's lengths (ties: the
     earlier shape, the shorter length), a speculative program over AR's only where it predicts a
-    gain; where AR's wins, the best one as a probe, PROBE_EVERY calls after AR's program started
-    winning, then twice as many calls after each probe it kept winning through (at most
-    PROBE_EVERY_MAX), counted under group. Decided on process 0's prices on every process
-    (`agreed`)."""
+    gain; where AR's wins, the best one as a probe once `probe_interval` calls of AR's program ran
+    since speculation last won or the last probe, counted under group. Decided on process 0's
+    prices on every process (`agreed`)."""
     table = shape_speedups(shapes)
     flat = agreed(np.concatenate([t[1:] for t in table]))
     sizes = [t.shape[0] - 1 for t in table]
@@ -278,13 +293,13 @@ def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     length = 1 + best - sum(sizes[:index])
     if flat[best] > 1.0:
         with _LOCK:
-            _AR_CALLS.store(group, (0, PROBE_EVERY))
+            _AR_CALLS.store(group, (0, 0))
         return index, length
     with _LOCK:
-        since, interval = _AR_CALLS.lookup(group, (0, PROBE_EVERY))
+        since, probes_lost = _AR_CALLS.lookup(group, (0, 0))
         since += 1
-        probe = since >= interval and timings_allowed()
-        _AR_CALLS.store(group, (0, min(2 * interval, PROBE_EVERY_MAX)) if probe else (since, interval))
+        probe = since >= probe_interval(float(flat[best]), probes_lost) and timings_allowed()
+        _AR_CALLS.store(group, (0, probes_lost + 1) if probe else (since, probes_lost))
     return index, (length if probe else 0)
 
 
