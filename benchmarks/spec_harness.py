@@ -77,7 +77,22 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
         result["loop_costs"] = [float(x) for x in outs[0].stats["loop_costs"]]
     if "loop_costs" in first:
         result["first_call"] = {name: _plain(first[name]) for name in FIRST_CALL_STATS if name in first}
+    if first.get("per_call"):
+        result["per_call_trace"] = [call_trace(stats) for stats in [first] + [o.stats for o in outs]]
     return result
+
+
+def call_trace(stats: dict) -> dict:
+    """What one per-call "auto" call ran and what it cost (`ssd_jax.engine.per_call`): its length
+    (0: AR's program), path count where chosen, seconds (the run, not the compile), compile
+    seconds, target calls and tokens; a configuration's first, untimed call first in its list,
+    then its timed calls in the order they ran (prompt by prompt, each prompt's rounds in turn)."""
+    out = dict(length=int(stats.get("planned_draft_len", 0)), wall_s=float(stats["wall_time_s"]),
+               compile_s=float(stats.get("compile_time_s") or 0.0), target_calls=int(stats["target_calls"]),
+               tokens=int(stats["num_generated_tokens"]))
+    if "chosen_paths" in stats:
+        out["paths"] = int(stats["chosen_paths"])
+    return out
 
 
 def _plain(value):

@@ -91,6 +91,35 @@ def test_run_configs_counts_tokens_per_round_and_the_drafts_acceptance(rows):
     assert sd["target_calls"] <= ar["target_calls"]
 
 
+def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
+    """A per-call "auto" configuration (the GPU's policy at one row, forced here) keeps what each
+    call ran, first call first: length (0: AR's program), seconds, compile seconds, target calls
+    and tokens; its timed calls' seconds are the rounds'."""
+    import dataclasses
+
+    from ssd_jax import backend
+    from ssd_jax.engine import per_call
+
+    here = backend.default_platform()
+    monkeypatch.setitem(backend.POLICIES, here,
+                        dataclasses.replace(backend.POLICIES[here], adaptive_per_call_below_rows=2))
+    per_call.forget()
+    target, draft = pair(vocab=64, seed=0, noise=0.3)
+    prompts = [[3, 4, 5], [6, 7]]
+    ar, auto = spec_harness.run_configs(target, prompts, [("ar", {}), ("sd", {"num_draft_tokens": "auto"})], 0.0,
+                                        8, batch_size=1, draft=draft, repeats=2)
+    per_call.forget()
+    assert "per_call_trace" not in ar
+    trace = auto["per_call_trace"]
+    assert len(trace) == 1 + 2 * 2
+    assert all(set(c) == {"length", "wall_s", "compile_s", "target_calls", "tokens"} for c in trace)
+    assert all(c["tokens"] == 8 and c["target_calls"] >= 1 and c["wall_s"] > 0 for c in trace)
+    assert sum(c["wall_s"] for c in trace[1:]) == pytest.approx(sum(auto["round_wall_s"]))
+    assert spec_harness.call_trace(dict(planned_draft_len=4, chosen_paths=2, wall_time_s=0.5, target_calls=3,
+                                        num_generated_tokens=8)) == dict(
+        length=4, paths=2, wall_s=0.5, compile_s=0.0, target_calls=3, tokens=8)
+
+
 def test_results_are_written_whole(tmp_path):
     path = write_json(str(tmp_path / "sub" / "result.json"), {"speedup": 1.5})
     assert json.loads(open(path).read()) == {"speedup": 1.5}

@@ -239,7 +239,7 @@ def test_ar_wins_but_probes_speculate_ever_further_apart(monkeypatch):
     assert [per_call.choose(KEY, MENU, 0.0) for _ in range(p)][-1] == 1
 
 
-@pytest.mark.parametrize("speedup, first", [(0.999, 2), (0.9, 6), (0.55, 41), (0.3, 64), (0.0, 64)])
+@pytest.mark.parametrize("speedup, first", [(0.999, 2), (0.98, 3), (0.9, 12), (0.8, 25), (0.55, 64), (0.0, 64)])
 def test_probes_are_as_far_apart_as_their_predicted_loss(speedup, first):
     """A near tie probes within PROBE_EVERY_MIN calls (one poor call does not hand the next good
     ones to AR's program); a clear loss seldom (each probe costs 1/s - 1 of an AR call); doubling
@@ -251,17 +251,45 @@ def test_probes_are_as_far_apart_as_their_predicted_loss(speedup, first):
 
 def test_a_near_tie_probes_soon_and_a_clear_loss_late(monkeypatch):
     """Through choose_shape: AR's program measured a hair cheaper than L=1's tokens are worth
-    probes on the second call; measured at twice L=1's price per token, not before the 50th."""
+    probes on the second call; measured at 0.8 of L=1's price per token, on the 25th."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     menu = per_call.Menu((1,), np.asarray([1.0, 1.0]))
     per_call.record(KEY, 1, seconds=10.0, target_calls=10, tokens=1.0)   # L=1: 1 s and 1 token a call
     per_call.record(KEY, 0, seconds=9.99, target_calls=10)               # AR: 0.999 s a token
     assert [per_call.choose(KEY, menu, 0.5) for _ in range(2)] == [0, 1]
     other = ("clear loss",)
-    per_call.record(other, 1, seconds=20.0, target_calls=10, tokens=1.0)
+    per_call.record(other, 1, seconds=12.5, target_calls=10, tokens=1.0)
     per_call.record(other, 0, seconds=10.0, target_calls=10)
     choices = [per_call.choose(other, menu, 0.5) for _ in range(50)]
-    assert choices.index(1) == 49 and sum(choices) == 1
+    assert choices.index(1) == 24 and sum(choices) == 1
+
+
+def test_probes_run_a_priced_program_not_a_new_one(monkeypatch):
+    """AR's program wins; L=1, never run, predicts more than L=4, which ran: the probe runs L=4
+    (a new program would compile and run slow first), as many calls in as L=4's loss allows."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    menu = per_call.simple_menu(COSTS, 4)
+    per_call.record(KEY, 0, seconds=10 * menu.model_s[0], target_calls=10)
+    per_call.record(KEY, 4, seconds=10 * (menu.model_s[4] + 0.5), target_calls=10, tokens=1.6)
+    speedups = per_call.predicted_speedups(KEY, menu, 0.3)
+    assert speedups[4] < speedups[1] < 1.0
+    interval = per_call.probe_interval(speedups[4], 0)
+    assert interval > per_call.probe_interval(speedups[1], 0)
+    choices = [per_call.choose(KEY, menu, 0.3) for _ in range(interval)]
+    assert choices == [0] * (interval - 1) + [4]
+
+
+def test_a_program_never_run_needs_a_clear_predicted_gain(monkeypatch):
+    """L=1 never run, priced like AR's program: at 3% more tokens predicted AR's program runs (a
+    compile and a slow first run would eat that), at 8% L=1; once priced, 3% is enough."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    menu = per_call.Menu((1,), np.asarray([1.0, 1.0]))
+    per_call.record(KEY, 0, seconds=10.0, target_calls=10)
+    assert per_call.EXPLORE_GAIN > 1.03
+    assert per_call.choose(KEY, menu, 0.03) == 0
+    assert per_call.choose(KEY, menu, 0.08) == 1
+    per_call.record(KEY, 1, seconds=10.0, target_calls=10, tokens=1.03)
+    assert per_call.choose(KEY, menu, 0.03) == 1
 
 
 def test_deterministic_auto_neither_measures_nor_probes():

@@ -55,7 +55,8 @@ loop's and SSD's plain verdicts back off). A near tie probes within a few calls:
 (H200, LogitSpec on the repeat set at T=0: 58% of the calls AR's program, 0.72 of fixed L=8,
 under a fixed first probe 8 calls in); a clear loss probes seldom (H200, LogitSpec at T=1 at
 ~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU, PLD at T=1 lost 1-5% to them
-at 0.58-0.82x AR each). Each length run compiles its program once (the compile cache keeps it).
+at 0.58-0.82x AR each). At 2% PLD at T=1 on CPU (a near tie, 0.91x AR at L=2) probed twice
+in 12 calls, 0.98x AR: 1%. Each length run compiles its program once (the compile cache keeps it).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
 # before the call: paths, tree size).
 METHODS = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd")
 PRICE_WEIGHT = 0.5       # a call's weight in its length's remembered seconds and tokens per target call
-PROBE_OVERHEAD = 0.02   # while AR's program wins, probes cost at most this share of the calls ...
+EXPLORE_GAIN = 1.05      # a program never run is chosen only where it predicts this much more
+PROBE_OVERHEAD = 0.01   # while AR's program wins, probes cost at most this share of the calls ...
 PROBE_EVERY_MIN = 2      # ... and are at least this many calls apart at first ...
 PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubles that, up to this
 
@@ -278,29 +280,47 @@ def probe_interval(best_speedup: float, probes_lost: int) -> int:
     return min(first * 2 ** min(probes_lost, 16), PROBE_EVERY_MAX)
 
 
+def _priced(shapes: Sequence[Shape]) -> np.ndarray:
+    """bool, every shape's lengths 1..max_len in turn: whether that program has a measured price."""
+    return np.concatenate([[timings_allowed() and _PRICES.lookup((shape.key, n)) is not None
+                            for n in range(1, shape.menu.max_len + 1)] for shape in shapes])
+
+
 def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
     shape a probe would run): the best predicted speedup over every shape's lengths (ties: the
-    earlier shape, the shorter length), a speculative program over AR's only where it predicts a
-    gain; where AR's wins, the best one as a probe once `probe_interval` calls of AR's program ran
-    since speculation last won or the last probe, counted under group. Decided on process 0's
-    prices on every process (`agreed`)."""
+    earlier shape, the shorter length), a program never run counted at 1 / EXPLORE_GAIN of its
+    prediction; a speculative program over AR's only where that predicts a gain. A program never
+    run costs a compile and a slow first run before its price is known (CPU, PLD at T=1, a near
+    tie: L=1's compiling call took 0.36-0.43 s against AR's 0.26-0.31, set no price, and the next
+    call ran it again; auto ran 0.96-0.99x AR), so it waits for a clear predicted gain, and where
+    AR's program wins, a probe runs the best program already priced (any, where none is), once
+    `probe_interval` calls of AR's program ran since speculation last won or the last probe,
+    counted under group. Decided on process 0's prices on every process (`agreed`)."""
     table = shape_speedups(shapes)
     flat = agreed(np.concatenate([t[1:] for t in table]))
-    sizes = [t.shape[0] - 1 for t in table]
-    best = int(np.argmax(np.round(flat, 6)))
-    index = int(np.searchsorted(np.cumsum(sizes), best, side="right"))
-    length = 1 + best - sum(sizes[:index])
-    if flat[best] > 1.0:
+    priced = agreed(_priced(shapes).astype(np.float64)) > 0
+    best = int(np.argmax(np.round(np.where(priced, flat, flat / EXPLORE_GAIN), 6)))
+    if flat[best] > (1.0 if priced[best] else EXPLORE_GAIN):
         with _LOCK:
             _AR_CALLS.store(group, (0, 0))
-        return index, length
+        return _place(table, best)
+    if priced.any():
+        best = int(np.argmax(np.where(priced, np.round(flat, 6), -np.inf)))
     with _LOCK:
         since, probes_lost = _AR_CALLS.lookup(group, (0, 0))
         since += 1
         probe = since >= probe_interval(float(flat[best]), probes_lost) and timings_allowed()
         _AR_CALLS.store(group, (0, probes_lost + 1) if probe else (since, probes_lost))
+    index, length = _place(table, best)
     return index, (length if probe else 0)
+
+
+def _place(table: Sequence[np.ndarray], flat_index: int) -> tuple[int, int]:
+    """(shape index, length) of an index into the shapes' lengths laid end to end."""
+    sizes = [t.shape[0] - 1 for t in table]
+    index = int(np.searchsorted(np.cumsum(sizes), flat_index, side="right"))
+    return index, 1 + flat_index - sum(sizes[:index])
 
 
 def choose(key, menu: Menu, acceptance: float) -> int:
