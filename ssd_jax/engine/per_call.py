@@ -45,18 +45,21 @@ forwards at K L + 1 tokens cost about one token's on a GPU, so it takes the most
 verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran
 0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
 one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
-K / K', so more paths are tried where their predicted gain outweighs that. While AR's program wins,
-a call runs the best length anyway now and then (a probe), so the acceptance stays current. A
-probe costs 1/s - 1 of an AR call where s is the best predicted speedup (< 1), so the calls
-between probes are as many as keep that under PROBE_OVERHEAD of them (at least PROBE_EVERY_MIN),
+K / K', so more paths are tried where their predicted gain outweighs that. A program never run
+is chosen only where it predicts EXPLORE_GAIN over the rest (`choose_shape`). While AR's program
+wins, a call runs the best program already run anyway now and then (a probe), so the
+acceptance stays current. A probe costs 1/s - 1 of an AR call where s is its predicted speedup
+(< 1), so the calls between probes are as many as keep that under PROBE_OVERHEAD of them (at
+least PROBE_EVERY_MIN),
 and each probe after which AR's program still wins doubles them (up to PROBE_EVERY_MAX, as the
 loop's and SSD's plain verdicts back off). A near tie probes within a few calls: one poor call
 (a prompt that retrieval drafts badly) does not hand the next several good ones to AR's program
 (H200, LogitSpec on the repeat set at T=0: 58% of the calls AR's program, 0.72 of fixed L=8,
 under a fixed first probe 8 calls in); a clear loss probes seldom (H200, LogitSpec at T=1 at
 ~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU, PLD at T=1 lost 1-5% to them
-at 0.58-0.82x AR each). At 2% PLD at T=1 on CPU (a near tie, 0.91x AR at L=2) probed twice
-in 12 calls, 0.98x AR: 1%. Each length run compiles its program once (the compile cache keeps it).
+at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% probed a near tie (PLD at T=1 on CPU, L=2 at
+0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program once (the compile
+cache keeps it).
 """
 
 from __future__ import annotations
