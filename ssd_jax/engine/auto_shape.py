@@ -35,6 +35,7 @@ import dataclasses
 
 import numpy as np
 
+from ssd_jax.backend import policy_for
 from ssd_jax.engine import adaptive
 
 TREE_SIZES = (8, 16, 32, 64)
@@ -47,8 +48,6 @@ def tree_size_for(target, batch: int, context: int, measure: bool = True, larges
     """LogitSpec's node budget on this target, batch and context (module docstring), at most
     largest (None: the target's backend policy's `logitspec_tree_size`); None when nothing is
     measured (the caller keeps the backend policy's)."""
-    from ssd_jax.backend import policy_for
-
     one = adaptive.forward_seconds(target, batch, 1, context, measure)
     if one is None:
         return None

@@ -285,8 +285,11 @@ def probe_interval(best_speedup: float, probes_lost: int) -> int:
 
 def _priced(shapes: Sequence[Shape]) -> np.ndarray:
     """bool, every shape's lengths 1..max_len in turn: whether that program has a measured price."""
-    return np.concatenate([[timings_allowed() and _PRICES.lookup((shape.key, n)) is not None
-                            for n in range(1, shape.menu.max_len + 1)] for shape in shapes])
+    out = []
+    for shape in shapes:
+        measured = _surpluses(shape.key, shape.menu)
+        out += [n in measured for n in range(1, shape.menu.max_len + 1)]
+    return np.asarray(out, dtype=bool)
 
 
 def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
