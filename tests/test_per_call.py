@@ -320,10 +320,11 @@ def test_ar_reference_times_ars_own_program(models, monkeypatch):
 def test_path_count_follows_the_measured_verification(monkeypatch):
     """Forwards priced alike at 1, 2 and 4 paths (a GPU's wide forwards), more paths accept more.
     Nothing measured: one path (the cheapest program; the others scale its surplus). Measured as
-    modelled, 4 paths borrow its surplus and are tried; measured far dearer than the model says
-    (their verification and sampling), 2 paths, borrowing from the nearest measured count, are
-    tried; measured in between, one path wins. AR's program measured cheaper than every program:
-    AR's."""
+    modelled, 2 paths borrow its surplus and are tried (4 paths wait for 2 paths' price, though
+    predicted best); measured as modelled too, 4 paths are tried; 4 measured far dearer than the
+    model says (their verification and sampling) and 2 a little dearer, 2 paths win; 2 measured
+    dearer still, one path. AR's program measured cheaper than every
+    program: AR's."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     gpu = StepCosts(target_fixed=1.0, target_per_token=0.0, draft=0.1)
     menu = per_call.simple_menu(gpu, 4)
@@ -338,15 +339,33 @@ def test_path_count_follows_the_measured_verification(monkeypatch):
     for shape in shapes:   # AR's program, every shape's baseline, measured as modelled
         per_call.record(shape.key, 0, seconds=10 * menu.model_s[0], target_calls=10)
     measured(shapes[0], 0.0)
+    assert per_call.shape_speedups(shapes)[2].max() == 0.0
+    assert per_call.choose_shape(group, shapes)[0] == 1
+    measured(shapes[1], 0.0)
     assert per_call.choose_shape(group, shapes)[0] == 2
     measured(shapes[2], 2.0)
-    price = per_call.prices(shapes[1].key, menu, [(shapes[2].key, menu, 0.5)])
+    price = per_call.prices(("K=2 unmeasured",), menu, [(shapes[2].key, menu, 0.5)])
     assert price[2] == pytest.approx(menu.model_s[2] + 1.0)
-    assert per_call.choose_shape(group, shapes)[0] == 1   # borrowing one path's surplus, x2
-    measured(shapes[1], 1.0)
+    measured(shapes[1], 0.1)
+    assert per_call.choose_shape(group, shapes)[0] == 1
+    measured(shapes[1], 3.0)
     assert per_call.choose_shape(group, shapes) == (0, 4)
     per_call.forget()   # AR's program measured at a tenth of the model: no program pays
     for shape in shapes:
         per_call.record(shape.key, 0, seconds=menu.model_s[0], target_calls=10)
     measured(shapes[0], 0.0)
     assert per_call.choose_shape(group, shapes)[1] == 0
+
+
+def test_a_negative_surplus_is_borrowed_unscaled(monkeypatch):
+    """One path measured below the cost model (forwards that run faster inside the program than
+    alone): 4 paths borrowing it are priced at their model plus that surplus, not 4 times it
+    (which priced them below one path's program: tried first on an H200, at 3x its time)."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    gpu = StepCosts(target_fixed=1.0, target_per_token=0.0, draft=0.1)
+    menu = per_call.simple_menu(gpu, 4)
+    for length in menu.lengths:
+        per_call.record(("K=1",), length, seconds=10 * (menu.model_s[length] - 0.2), target_calls=10)
+    borrowed = per_call.prices(("K=4",), menu, [(("K=1",), menu, 4.0)])
+    assert borrowed[4] == pytest.approx(menu.model_s[4] - 0.2)
+    assert borrowed[4] >= per_call.prices(("K=1",), menu)[4]

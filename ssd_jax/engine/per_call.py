@@ -45,7 +45,8 @@ forwards at K L + 1 tokens cost about one token's on a GPU, so it takes the most
 verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran
 0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
 one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
-K / K', so more paths are tried where their predicted gain outweighs that. A program never run
+K / K' (where positive), so more paths are tried where their predicted gain outweighs that, one
+count at a time (2 paths before 4: `shape_speedups`). A program never run
 is chosen only where it predicts EXPLORE_GAIN over the rest (`choose_shape`). While AR's program
 wins, a call runs the best program already run anyway now and then (a probe), so the
 acceptance stays current. A probe costs 1/s - 1 of an AR call where s is its predicted speedup
@@ -199,8 +200,9 @@ def prices(key, menu: Menu, borrow: Sequence[tuple] = ()) -> np.ndarray:
     """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
     length: the model's plus the surplus measured on that program; for a length not measured, the
     nearest measured length's surplus (the shorter on a tie); where no length of this key was
-    measured, that of the first of borrow's (key, menu, scale) that has one, times scale (another
-    shape's: K / K' paths), else AR's, else none; for AR's program not measured, the shortest
+    measured, that of the first of borrow's (key, menu, scale) that has one, times scale where
+    positive (another shape's: K / K' paths; a negative one, forwards that run faster inside the
+    program than the model measured them alone, does not grow with the paths), else AR's, else none; for AR's program not measured, the shortest
     measured length's (priced bare against measured drafts, AR's program looked cheaper than it
     is, and a call that paid would hand the next one to it). Entries of lengths off the menu: inf."""
     surplus = _surpluses(key, menu)
@@ -220,7 +222,8 @@ def prices(key, menu: Menu, borrow: Sequence[tuple] = ()) -> np.ndarray:
             extra = surplus[_nearest(drafted, length)]
         elif borrowed is not None and length > 0:
             theirs, scale = borrowed
-            extra = scale * theirs[_nearest(theirs, length)]
+            extra = theirs[_nearest(theirs, length)]
+            extra *= scale if extra > 0 else 1.0
         else:
             extra = surplus.get(0, 0.0)
         out[length] = max(menu.model_s[length] + extra, 1e-12)
@@ -258,15 +261,21 @@ def predicted_speedups(key, menu: Menu, acceptance: float, borrow: Sequence[tupl
 
 
 def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
-    """Each shape's `predicted_speedups`, a shape not yet measured borrowing from the others,
-    nearest path count first, at K / K'; while no shape has a measured length, only the first
-    (the fewest paths: the cheapest program to compile and the surplus the others scale from),
-    the others 0."""
-    if not any(n > 0 for shape in shapes for n in _surpluses(shape.key, shape.menu)):
-        first = predicted_speedups(shapes[0].key, shapes[0].menu, shapes[0].acceptance)
-        return [first] + [np.zeros(shape.menu.max_len + 1) for shape in shapes[1:]]
+    """Each shape's `predicted_speedups` (shapes in ascending paths), a shape not yet measured
+    borrowing from the others, nearest path count first, at K / K'; a shape not yet measured is
+    predicted (else 0: not chosen) only once the shape of the next fewer paths has a measured
+    length, so paths are tried one count at a time from the first (the fewest paths: the
+    cheapest program to compile). One path runs SD's programs, whose surplus says little of a
+    multi-path verifier's: on an H200 at T=1 GBV with 4 paths, priced from one path's, ran 0.33 ms
+    a token on its first call against one path's 0.10 and AR's 0.16, then 2 paths' 0.30, before
+    both were priced out (five programs tried in 12 calls: 0.94-0.99x AR); 2 paths, once priced,
+    say what 4 will cost."""
+    measured = [any(n > 0 for n in _surpluses(shape.key, shape.menu)) for shape in shapes]
     out = []
-    for shape in shapes:
+    for index, shape in enumerate(shapes):
+        if index and not measured[index] and not measured[index - 1]:
+            out.append(np.zeros(shape.menu.max_len + 1))
+            continue
         others = sorted((o for o in shapes if o is not shape), key=lambda o: abs(math.log(o.paths / shape.paths)))
         borrow = [(o.key, o.menu, shape.paths / o.paths) for o in others]
         out.append(predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow))
