@@ -71,6 +71,7 @@ def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
                                   best_fixed=case["best_fixed"].split(" ", 1)[-1], stamp=machine["date_utc"],
                                   machine=machine_label(machine), rounds=data["repeats"],
                                   paired="auto_vs_ar_best_of" in case, per_token="round_tokens" in auto,
+                                  call_timed=bool(data.get("call_timed")),
                                   file=os.path.basename(path),
                                   mean_draft_len=auto.get("mean_draft_len"),
                                   ar_share=auto.get("ar_fallback_share"))))
@@ -147,10 +148,13 @@ def summary_rows(cells: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _timing(cell: dict[str, Any]) -> str:
     """How a cell's ratios were taken: paired over rounds (of seconds per token where the run kept
-    each round's tokens, else of wall times), or best-of times (older runs)."""
+    each round's tokens, else of wall times; of whole calls' seconds, host work included, where
+    marked "calls": `spec_harness.timed_generate`, else of the decode programs' runs), or
+    best-of times (older runs)."""
     if not cell["paired"]:
         return f"best of {cell['rounds']}"
-    return f"paired{' per token' if cell['per_token'] else ''}, {cell['rounds']} rounds"
+    calls = ", calls" if cell.get("call_timed") else ""
+    return f"paired{' per token' if cell['per_token'] else ''}{calls}, {cell['rounds']} rounds"
 
 
 def _span(low: float, high: float, unit: str = "") -> str:

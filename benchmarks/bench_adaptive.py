@@ -183,7 +183,7 @@ def measure(args, target, draft, sizes: list[int], lengths: list[int], threshold
                 write_json(args.out + ".json", dict(machine=machine_info(), method=args.method,
                                                    draft_model=args.draft_model, new_tokens=args.new_tokens,
                                                    repeats=args.repeats, policy_overrides=args.policy_fields,
-                                                   results=results))
+                                                   call_timed=True, results=results))
     return results
 
 

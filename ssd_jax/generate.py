@@ -156,8 +156,10 @@ def generate(
     batch = prepare_prompts(prompt_ids, target.config, max_new_tokens)
     draft = check_models(method, target, draft, sampling)
     paths_open = open_paths(method, sampling)
+    chosen_per_call = per_call.applies(method, policy_for(target.params), batch.batch_size)
     method = for_target(shaped(method, target, draft, sampling, batch.batch_size,
-                               batch.max_length + int(max_new_tokens) // 2), target)
+                               batch.max_length + int(max_new_tokens) // 2,
+                               paths=not (chosen_per_call and paths_open)), target)
     check_positions(method, target, draft, sampling, batch.max_length, int(max_new_tokens))
     if isinstance(method, SSD):
         verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
@@ -169,7 +171,7 @@ def generate(
     if not getattr(method, "adaptive", False):
         return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
     verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
-    if per_call.applies(method, policy_for(target.params), batch.batch_size):
+    if chosen_per_call:
         return _generate_per_call(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict,
                                   paths_open)
     # "auto" remembers a call whose loop decoded (nearly) every step plainly: AR's loop, but for probes.
@@ -199,29 +201,38 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     choice (the seconds not when streaming, whose host copies they would hold, nor on the call that
     compiled the program)."""
     from ssd_jax.engine import adaptive
-    from ssd_jax.engine.auto_shape import PATH_CHOICES, path_acceptances
+    from ssd_jax.engine.auto_shape import PATH_CHOICES, path_acceptance
 
     start = time.perf_counter()
     context = batch.max_length + max_new_tokens // 2
-    shaped_methods = [dataclasses.replace(method, paths=k) for k in PATH_CHOICES] if paths_open else [method]
-    acceptances = path_acceptances(method, target, draft, sampling) if paths_open else {}
-    shapes, memory_keys = [], []
-    for candidate in shaped_methods:
-        memory_keys.append(adaptive.acceptance_key(target, draft, candidate, sampling))
-        paths = getattr(candidate, "paths", 1) or 1
-        acceptance = acceptances.get(paths, adaptive.ACCEPTANCE.get(memory_keys[-1]))
-        shapes.append(per_call.Shape(
-            _verdict_key(candidate, target, draft, sampling, batch, max_new_tokens) if paths_open else verdict,
-            per_call.menu_for(candidate, target, draft, sampling, batch.batch_size, context), acceptance, paths))
+    group = _verdict_key(dataclasses.replace(method, paths=None), target, draft, sampling, batch, max_new_tokens) \
+        if paths_open else verdict
+
+    def build() -> list:
+        candidates = []
+        for candidate in ([dataclasses.replace(method, paths=k) for k in PATH_CHOICES] if paths_open else [method]):
+            shape_key = _verdict_key(candidate, target, draft, sampling, batch, max_new_tokens) if paths_open else verdict
+            candidates.append(per_call.Candidate(
+                candidate, adaptive.acceptance_key(target, draft, candidate, sampling), per_call.compact(shape_key),
+                per_call.menu_for(candidate, target, draft, sampling, batch.batch_size, context),
+                getattr(candidate, "paths", 1) or 1))
+        return candidates
+
+    candidates = per_call.layout(group, context, build)
+    if paths_open:
+        remembered = {c.paths: adaptive.ACCEPTANCE.known(c.memory_key) for c in candidates}
+        acceptances = [path_acceptance(remembered, c.paths) for c in candidates]
+    else:
+        acceptances = [adaptive.ACCEPTANCE.get(c.memory_key) for c in candidates]
+    shapes = [per_call.Shape(c.key, c.menu, a, c.paths) for c, a in zip(candidates, acceptances)]
     unpriced = [shape.key for shape in shapes if per_call.ar_unpriced(shape.key)]
     if unpriced:
         seconds, calls = _ar_reference(target, batch, max_new_tokens, sampling, key)
         for shape_key in unpriced:
             per_call.record(shape_key, 0, seconds, calls)
-    group = _verdict_key(dataclasses.replace(method, paths=None), target, draft, sampling, batch, max_new_tokens) \
-        if paths_open else verdict
+    group = per_call.compact(group)
     index, length = per_call.choose_shape(group, shapes)
-    chosen = shaped_methods[index]
+    chosen = candidates[index].method
     measure_s = time.perf_counter() - start
     if length:
         out = _generate_sync(per_call.fixed(chosen, length), target, draft, batch, max_new_tokens, sampling, key,
@@ -239,7 +250,7 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     observed = None
     if length:
         observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])
-        adaptive.ACCEPTANCE.update(memory_keys[index], observed)
+        adaptive.ACCEPTANCE.update(candidates[index].memory_key, observed)
     stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
                  remembered_acceptance=shapes[index].acceptance, observed_acceptance=observed,
                  cost_measure_time_s=measure_s)
@@ -299,14 +310,15 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
         output = jax.block_until_ready(executable(*args))
     wall = time.perf_counter() - start
     stats = _method_stats(method, draft, sampling, output)
+    counters = output.counters["spec"]
     if auto is not None:
-        counters = jax.device_get(output.counters["spec"])
+        counters = jax.device_get(counters)   # once: the plan's record and the stats read it
         stats.update(auto.record(counters))
         if not streaming and timings_allowed():
             stats.update(_against_ar(target, batch, max_new_tokens, sampling, key, stats["loop_costs"],
                                      counters, output.num_tokens, executable, args))
     return generate_output(method.name, output.tokens, output.num_tokens, output.finish_reason,
-                           output.counters["spec"], wall, compile_s, stats, drafts=method.name != "ar")
+                           counters, wall, compile_s, stats, drafts=method.name != "ar")
 
 
 def _program(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,

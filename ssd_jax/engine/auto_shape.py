@@ -115,17 +115,18 @@ def choose_paths(method, target, draft, sampling, batch: int, context: int, meas
     return PATH_CHOICES[int(np.argmax(np.round(speedups, 6)))]
 
 
-def shaped(method, target, draft, sampling, batch: int, context: int, measure: bool = True):
+def shaped(method, target, draft, sampling, batch: int, context: int, measure: bool = True, paths: bool = True):
     """The method with the shape fields left None that "auto" chooses here filled in (LogitSpec's
-    tree_size, the multi-path methods' paths); unchanged for fixed lengths and set fields. What
-    stays None, `ssd_jax.methods.for_target` fills from the backend policy."""
+    tree_size, the multi-path methods' paths: not with paths False, where the caller chooses them,
+    `ssd_jax.engine.per_call`); unchanged for fixed lengths and set fields. What stays None,
+    `ssd_jax.methods.for_target` fills from the backend policy."""
     if not getattr(method, "adaptive", False):
         return method
     if method.name == "logitspec" and method.tree_size is None:
         size = tree_size_for(target, batch, context, measure)
         if size is not None:
             method = dataclasses.replace(method, tree_size=size)
-    if method.name in MULTI_PATH and method.paths is None:
+    if paths and method.name in MULTI_PATH and method.paths is None:
         method = dataclasses.replace(method, paths=choose_paths(method, target, draft, sampling, batch, context,
                                                                 measure))
     return method

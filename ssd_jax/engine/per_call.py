@@ -66,9 +66,10 @@ cache keeps it).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -87,6 +88,9 @@ PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubl
 _PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> seconds per target call
 _TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> tokens per target call
 _AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
+_COMPACT = Recent(1024)   # a program's or group's full key -> its short key (`compact`)
+_LAYOUTS = Recent()       # (group, context bucket, timings allowed) -> its Candidates (`layout`)
+_NUMBERS = itertools.count()
 _LOCK = threading.Lock()
 
 
@@ -114,6 +118,47 @@ class Shape:
     menu: Menu
     acceptance: float
     paths: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """What a call's choice weighs of one shape that does not change from call to call: the
+    method at that shape (paths fixed), the key its acceptance is remembered under, the short
+    key its prices are (`compact`), its Menu and its paths."""
+
+    method: object
+    memory_key: tuple
+    key: tuple
+    menu: Menu
+    paths: int = 1
+
+
+def compact(key) -> tuple:
+    """A short key standing for `key` in the tables here. A call's full keys (the weights'
+    identities, the method, sampling and shapes) took ~10 us to hash and compare, and a call looks
+    its programs up some 40 times: with the menus rebuilt each call, the choice cost 1.5 ms of host
+    time a call on CPU (~10% of a 128-token call of the embedded pair on an H200)."""
+    with _LOCK:
+        short = _COMPACT.lookup(key)
+        if short is None:
+            short = ("program", next(_NUMBERS))
+            _COMPACT.store(key, short)
+    return short
+
+
+def layout(group, context: int, build: Callable[[], list[Candidate]]) -> list[Candidate]:
+    """The Candidates of a call of `group` at this context (bucketed as the costs are): built
+    once (`build`, which measures the costs on a process's first call) and kept."""
+    from ssd_jax.engine.adaptive import context_bucket
+
+    key = (group, context_bucket(context), timings_allowed())
+    with _LOCK:
+        found = _LAYOUTS.lookup(key)
+    if found is None:
+        found = build()
+        with _LOCK:
+            _LAYOUTS.store(key, found)
+    return found
 
 
 def applies(method, policy, rows: int) -> bool:
@@ -181,12 +226,19 @@ def fixed(method, length: int):
     return dataclasses.replace(method, **{field: int(length)})
 
 
-def _surpluses(key, menu: Menu) -> dict[int, float]:
+def _surpluses(key, menu: Menu, memo: dict | None = None) -> dict[int, float]:
     """Measured seconds per target call over the model's, by length (0: AR's program), of the
-    menu's programs measured under key."""
+    menu's programs measured under key (kept in memo, by key, where given: one choice reads each
+    key's several times)."""
+    if memo is not None and key in memo:
+        return memo[key]
     found = {}
+    if memo is not None:
+        memo[key] = found
+    if not timings_allowed():
+        return found
     for length in (0,) + menu.lengths:
-        measured = _PRICES.lookup((key, length)) if timings_allowed() else None
+        measured = _PRICES.lookup((key, length))
         if measured is not None:
             found[length] = measured - menu.model_s[length]
     return found
@@ -196,21 +248,22 @@ def _nearest(lengths, length: int) -> int:
     return min(lengths, key=lambda n: (abs(n - length), n))
 
 
-def prices(key, menu: Menu, borrow: Sequence[tuple] = ()) -> np.ndarray:
+def prices(key, menu: Menu, borrow: Sequence[tuple] = (), memo: dict | None = None) -> np.ndarray:
     """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
     length: the model's plus the surplus measured on that program; for a length not measured, the
     nearest measured length's surplus (the shorter on a tie); where no length of this key was
     measured, that of the first of borrow's (key, menu, scale) that has one, times scale where
     positive (another shape's: K / K' paths; a negative one, forwards that run faster inside the
-    program than the model measured them alone, does not grow with the paths), else AR's, else none; for AR's program not measured, the shortest
-    measured length's (priced bare against measured drafts, AR's program looked cheaper than it
-    is, and a call that paid would hand the next one to it). Entries of lengths off the menu: inf."""
-    surplus = _surpluses(key, menu)
+    program than the model measured them alone, does not grow with the paths), else AR's, else
+    none; for AR's program not measured, the shortest measured length's (priced bare against
+    measured drafts, AR's program looked cheaper than it is, and a call that paid would hand the
+    next one to it). Entries of lengths off the menu: inf. memo: as `_surpluses`'."""
+    surplus = _surpluses(key, menu, memo)
     drafted = [n for n in surplus if n > 0]
     borrowed = None
     if not drafted:
         for other_key, other_menu, scale in borrow:
-            theirs = {n: extra for n, extra in _surpluses(other_key, other_menu).items() if n > 0}
+            theirs = {n: extra for n, extra in _surpluses(other_key, other_menu, memo).items() if n > 0}
             if theirs:
                 borrowed = theirs, scale
                 break
@@ -253,14 +306,15 @@ def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
     return out
 
 
-def predicted_speedups(key, menu: Menu, acceptance: float, borrow: Sequence[tuple] = ()) -> np.ndarray:
+def predicted_speedups(key, menu: Menu, acceptance: float, borrow: Sequence[tuple] = (),
+                       memo: dict | None = None) -> np.ndarray:
     """float64 [max_len + 1]: each program's predicted speedup over AR's (index 0: 1.0; lengths
     off the menu: 0). borrow: as `prices`'."""
-    price = prices(key, menu, borrow)
+    price = prices(key, menu, borrow, memo)
     return tokens_per_call(key, menu, acceptance) * price[0] / price
 
 
-def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
+def shape_speedups(shapes: Sequence[Shape], memo: dict | None = None) -> list[np.ndarray]:
     """Each shape's `predicted_speedups` (shapes in ascending paths), a shape not yet measured
     borrowing from the others, nearest path count first, at K / K'; a shape not yet measured is
     predicted (else 0: not chosen) only once the shape of the next fewer paths has a measured
@@ -270,7 +324,7 @@ def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
     a token on its first call against one path's 0.10 and AR's 0.16, then 2 paths' 0.30, before
     both were priced out (five programs tried in 12 calls: 0.94-0.99x AR); 2 paths, once priced,
     say what 4 will cost."""
-    measured = [any(n > 0 for n in _surpluses(shape.key, shape.menu)) for shape in shapes]
+    measured = [any(n > 0 for n in _surpluses(shape.key, shape.menu, memo)) for shape in shapes]
     out = []
     for index, shape in enumerate(shapes):
         if index and not measured[index] and not measured[index - 1]:
@@ -278,7 +332,7 @@ def shape_speedups(shapes: Sequence[Shape]) -> list[np.ndarray]:
             continue
         others = sorted((o for o in shapes if o is not shape), key=lambda o: abs(math.log(o.paths / shape.paths)))
         borrow = [(o.key, o.menu, shape.paths / o.paths) for o in others]
-        out.append(predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow))
+        out.append(predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow, memo))
     return out
 
 
@@ -292,11 +346,11 @@ def probe_interval(best_speedup: float, probes_lost: int) -> int:
     return min(first * 2 ** min(probes_lost, 16), PROBE_EVERY_MAX)
 
 
-def _priced(shapes: Sequence[Shape]) -> np.ndarray:
+def _priced(shapes: Sequence[Shape], memo: dict | None = None) -> np.ndarray:
     """bool, every shape's lengths 1..max_len in turn: whether that program has a measured price."""
     out = []
     for shape in shapes:
-        measured = _surpluses(shape.key, shape.menu)
+        measured = _surpluses(shape.key, shape.menu, memo)
         out += [n in measured for n in range(1, shape.menu.max_len + 1)]
     return np.asarray(out, dtype=bool)
 
@@ -312,9 +366,10 @@ def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     AR's program wins, a probe runs the best program already priced (any, where none is), once
     `probe_interval` calls of AR's program ran since speculation last won or the last probe,
     counted under group. Decided on process 0's prices on every process (`agreed`)."""
-    table = shape_speedups(shapes)
+    memo = {}
+    table = shape_speedups(shapes, memo)
     flat = agreed(np.concatenate([t[1:] for t in table]))
-    priced = agreed(_priced(shapes).astype(np.float64)) > 0
+    priced = agreed(_priced(shapes, memo).astype(np.float64)) > 0
     best = int(np.argmax(np.round(np.where(priced, flat, flat / EXPLORE_GAIN), 6)))
     if flat[best] > (1.0 if priced[best] else EXPLORE_GAIN):
         with _LOCK:
@@ -363,7 +418,10 @@ def record(key, length: int, seconds: float | None, target_calls: int, tokens: f
 
 
 def forget() -> None:
-    """Drops the remembered prices, tokens and probe counts (tests, benchmarks starting anew)."""
+    """Drops the remembered prices, tokens, probe counts and layouts (tests, benchmarks starting
+    anew)."""
     _PRICES.clear()
     _TOKENS.clear()
     _AR_CALLS.clear()
+    _COMPACT.clear()
+    _LAYOUTS.clear()
