@@ -91,6 +91,20 @@ def test_run_configs_counts_tokens_per_round_and_the_drafts_acceptance(rows):
     assert sd["target_calls"] <= ar["target_calls"]
 
 
+def test_timed_generate_times_the_whole_call_but_its_compile(monkeypatch):
+    """call_wall_s: the call's seconds end to end (host work included) minus the compile it
+    reports: here 1 s of host work around a 0.25 s program and a 2 s compile, on a fake clock."""
+    clock = iter([10.0, 13.25])
+
+    class Out:
+        stats = dict(wall_time_s=0.25, compile_time_s=2.0)
+
+    monkeypatch.setattr(spec_harness.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(spec_harness.ssd_jax, "generate", lambda target, prompts, **kwargs: Out())
+    out = spec_harness.timed_generate("target", [[1]], method="ar")
+    assert out.stats["call_wall_s"] == pytest.approx(1.25) and out.stats["wall_time_s"] == 0.25
+
+
 def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
     """A per-call "auto" configuration (the GPU's policy at one row, forced here) keeps what each
     call ran, first call first: length (0: AR's program), seconds, compile seconds, target calls

@@ -98,6 +98,29 @@ def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_polic
     assert "per_call" not in two_rows.stats and two_rows.tokens == reference.tokens * 2
 
 
+def test_a_calls_menus_are_built_once_and_prices_kept_under_short_keys(models, per_call_policy, model_costs,
+                                                                       monkeypatch):
+    """The call's shapes (method at each path count, acceptance key, Menu) are built on a group's
+    first call and kept (`layout`): a later call builds no Menu. Its prices sit under the same
+    short key call after call, and forget() drops the layouts."""
+    target, draft = models
+    built = []
+    menu_for = per_call.menu_for
+    monkeypatch.setattr(per_call, "menu_for", lambda *args: built.append(args[0].paths) or menu_for(*args))
+    method = ssd_jax.GBV(draft_len="auto", max_draft_len=2)
+    for _ in range(3):
+        out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft, temperature=1.0)
+        assert out.stats["per_call"] and out.stats["chosen_paths"] in (1, 2, 4)
+    assert sorted(built) == [1, 2, 4]
+    keys = {key[0] for key in per_call._PRICES._values}
+    assert keys and all(key[0] == "program" for key in keys)
+    assert per_call.compact(("a", "full", "key")) == per_call.compact(("a", "full", "key"))
+    assert per_call.compact(("a", "full", "key")) != per_call.compact(("another",))
+    per_call.forget()
+    ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft, temperature=1.0)
+    assert len(built) == 6
+
+
 def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_policy, model_costs):
     """An executable's first run is slow (allocations, first touches): its seconds would price its
     length out for good, so that call records its tokens but no price; the next call does."""
