@@ -301,10 +301,11 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
                        else place_array(auto.loop_inputs, target.placement.replicated()),)
     program_key = key_parts + (auto and auto.plan,)
     executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
+    # Keyed like the executable (argument shapes too): a program for another batch, prompt bucket
+    # or model pair has step costs of its own, and AR's step against its plain step.
+    call_key = (program_key, signature(args)) if auto is not None else None
     if auto is not None and not streaming:
-        # Keyed like the executable (argument shapes too): a program for another batch, prompt
-        # bucket or model pair has step costs of its own.
-        args = args[:-1] + (auto.calibrate(executable, args, (program_key, signature(args))),)
+        args = args[:-1] + (auto.calibrate(executable, args, call_key),)
     start = time.perf_counter()
     with streaming_to(stream):
         output = jax.block_until_ready(executable(*args))
@@ -316,7 +317,7 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
         stats.update(auto.record(counters))
         if not streaming and timings_allowed():
             stats.update(_against_ar(target, batch, max_new_tokens, sampling, key, stats["loop_costs"],
-                                     counters, output.num_tokens, executable, args))
+                                     counters, output.num_tokens, executable, args, call_key))
     return generate_output(method.name, output.tokens, output.num_tokens, output.finish_reason,
                            counters, wall, compile_s, stats, drafts=method.name != "ar")
 
@@ -343,12 +344,14 @@ def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
 
 
 def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, loop_costs: list,
-                counters, num_tokens, loop_executable, loop_args: tuple) -> dict:
+                counters, num_tokens, loop_executable, loop_args: tuple, loop_key) -> dict:
     """Stats of an "auto" call that speculated, priced against AR's own program
     (`ssd_jax.engine.against_ar`; counters: the call's spec counters on the host): loses_to_ar (the
     next calls start plain), and where checked priced_speedup_vs_ar and ar_step_over_loop_plain.
     AR's program is the one a plain-from-start call runs, compiled here only for calls within
-    `against_ar.GAIN_CHECK` of the loop's plain steps."""
+    `against_ar.GAIN_CHECK` of the loop's plain steps. Their step ratio is kept under loop_key (the
+    loop's program key and argument signature, which fix AR's program too), so a later call does
+    not build AR's program and inputs to find it (1.9 ms of host time a 128-token call, CPU)."""
     from ssd_jax.engine import against_ar
 
     by_cap = np.asarray(counters.cap_steps).tolist()
@@ -356,9 +359,10 @@ def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingPar
     ar_steps = int(np.max(np.asarray(num_tokens))) - 1
 
     def ar_ratio() -> float | None:
-        executable, args, program_key, _ = _ar_executable(target, batch, max_new_tokens, sampling, key)
-        ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args,
-                                         (program_key, signature(args), signature(loop_args)))
+        known, ratio = against_ar.known_ratio(loop_key)
+        if not known:
+            executable, args, _, _ = _ar_executable(target, batch, max_new_tokens, sampling, key)
+            ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args, loop_key)
         found["ar_step_over_loop_plain"] = ratio
         return ratio
 

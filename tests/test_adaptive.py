@@ -559,8 +559,8 @@ def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
 
 
 def _ar_ratio_calls(models, monkeypatch, calls: int = 2):
-    """Runs `calls` PLD "auto" calls on the tiny pair that always measure AR's step ratio (never
-    a verdict) and returns the ratios measured per call (one per call: cached after the first)."""
+    """Runs `calls` PLD "auto" calls on the tiny pair that always check AR's step ratio (never
+    a verdict): (each call's ratio, the ratios measured: once per key, the later calls reading it)."""
     from ssd_jax.engine import against_ar, plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
@@ -568,17 +568,18 @@ def _ar_ratio_calls(models, monkeypatch, calls: int = 2):
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)
     monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
     monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)
-    monkeypatch.setattr(against_ar, "LOSS_MARGIN", float("inf"))   # measured, never a verdict
+    monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)   # measured, never a verdict
     monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
     target, draft = models
-    ratios = []
+    ratios, measured = [], []
     measure = against_ar.ar_step_ratio
-    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: ratios.append(measure(*args)) or ratios[-1])
+    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(measure(*args)) or measured[-1])
     for _ in range(calls):
         out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=40, method=ssd_jax.PLD(draft_len="auto"))
         assert not out.stats.get("plain_from_start"), out.stats
-        assert out.stats["ar_step_over_loop_plain"] == ratios[-1]
-    return ratios
+        ratios.append(out.stats["ar_step_over_loop_plain"])
+        assert ratios[-1] == measured[-1]
+    return ratios, measured
 
 
 def test_ar_step_ratio_is_measured_once_per_key(models, monkeypatch):
@@ -589,8 +590,8 @@ def test_ar_step_ratio_is_measured_once_per_key(models, monkeypatch):
     from ssd_jax.engine import against_ar
 
     monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
-    ratios = _ar_ratio_calls(models, monkeypatch)
-    assert ratios[0] == ratios[1] and np.isfinite(ratios[0]) and ratios[0] > 0
+    ratios, measured = _ar_ratio_calls(models, monkeypatch)
+    assert ratios[0] == ratios[1] and np.isfinite(ratios[0]) and ratios[0] > 0 and len(measured) == 1
 
 
 def test_ar_step_ratio_is_the_per_step_difference_of_both_programs(models, monkeypatch):
@@ -618,18 +619,18 @@ def test_ar_step_ratio_is_the_per_step_difference_of_both_programs(models, monke
         return run
 
     monkeypatch.setattr(against_ar, "timed_run", clocked_timed_run)
-    ratios = _ar_ratio_calls(models, monkeypatch, calls=1)
+    ratios, _ = _ar_ratio_calls(models, monkeypatch, calls=1)
     assert ratios[0] == pytest.approx(1.25, rel=1e-9)
     ar_step["s"] = 5e-3
     programs_timed.clear()
-    assert _ar_ratio_calls(models, monkeypatch, calls=2) == [None, None]
+    assert _ar_ratio_calls(models, monkeypatch, calls=2) == ([None, None], [None])
     assert len(programs_timed) == 4   # one measurement (short and long runs of both programs)
 
 
 def test_pricing_a_call_at_the_loop_s_prices():
     """A step at a cap the calibration timed costs that time, other caps the fixed cost plus a draft
     forward per extra token; plain steps the plain price; a call is judged against AR only where
-    it is priced within GAIN_CHECK of its plain steps, and lost beyond LOSS_MARGIN."""
+    it is priced within GAIN_CHECK of its plain steps, and lost unless it beats AR by GAIN_MARGIN."""
     from ssd_jax.engine import against_ar
 
     costs = [1.0, 1.5, 0.25, 0.7, 0.0, 1.4, 0.0, 0.0, 3.0]     # t_ar, t_spec, c_draft, prior, cap; caps 1..4
@@ -643,8 +644,10 @@ def test_pricing_a_call_at_the_loop_s_prices():
     # 5 steps (15 s), checked (above GAIN_CHECK's 14 s): won; with AR's step at half the plain one: lost.
     assert against_ar.loses_to_ar(costs, [0, 0, 0, 5], 0, ar_steps=20, ar_ratio=lambda: 1.0) == (False, pytest.approx(4 / 3))
     assert against_ar.loses_to_ar(costs, [0, 0, 0, 5], 0, ar_steps=20, ar_ratio=lambda: 0.5)[0]
-    # Within LOSS_MARGIN of AR (20.5 s against 20 s): not lost; and where AR's step is unknown, nothing.
-    assert not against_ar.loses_to_ar(costs, [0, 0, 0, 6], 2.5, ar_steps=20, ar_ratio=lambda: 1.0)[0]
+    # A tie with AR (20 s against 20 s) is lost: the loop's host work is not priced; 19 s won.
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 6], 2, ar_steps=20, ar_ratio=lambda: 1.0) == (True, 1.0)
+    assert against_ar.loses_to_ar(costs, [0, 0, 0, 5], 4, ar_steps=20, ar_ratio=lambda: 1.0) == (False, pytest.approx(20 / 19))
+    # Where AR's step is unknown, nothing.
     assert against_ar.loses_to_ar(costs, [0, 0, 0, 10], 0, ar_steps=20, ar_ratio=lambda: None) == (False, None)
 
 
