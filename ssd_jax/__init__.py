@@ -5,6 +5,7 @@ Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `
 """
 
 from ssd_jax.defaults import default_models
+from ssd_jax.engine.compile_cache import use_persistent_cache
 from ssd_jax.engine.output import GenerateOutput
 from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
 from ssd_jax.decode import DecodeOutput, decode
@@ -24,5 +25,5 @@ __all__ = [
     "AR", "BV", "DecodeOutput", "MaxGram", "decode", "CSD", "GBV", "PLD", "SD", "SSD", "LogitSpec", "Method", "SpecInfer", "SpecTr",
     "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
     "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "default_models", "forward", "generate", "load",
-    "shard",
+    "shard", "use_persistent_cache",
 ]

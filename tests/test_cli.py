@@ -43,6 +43,25 @@ def test_generate_reports_bad_input_cleanly(hf_family):
     assert result.returncode == 2 and "need a draft model" in result.stderr
 
 
+def test_compile_cache_keeps_the_programs_for_the_next_run(hf_family, tmp_path):
+    """--compile-cache DIR writes the run's compiled programs there, and a second run loads them
+    (it writes nothing new); a directory that cannot be made is a clean error."""
+    directory, _ = hf_family("llama3")
+    cache = tmp_path / "xla"
+    run = ("generate", "--target", directory, "--method", "ar", "--prompt-ids", "3,4,5", "--max-new-tokens", "4",
+           "--json", "--compile-cache", str(cache))
+    result = _cli(*run)
+    assert result.returncode == 0, result.stderr
+    first = sorted(os.listdir(cache))
+    assert first
+    result = _cli(*run)
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(cache)) == first
+    (tmp_path / "a_file").write_text("")
+    result = _cli(*run[:-1], str(tmp_path / "a_file" / "xla"))
+    assert result.returncode == 2 and "compile cache directory" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_compare_reports_the_median_of_paired_rounds():
     """--compare's speedup is the median of the rounds' own ratios, not a ratio of single runs:
     a round where the machine slowed both runs reads the same ratio as the others."""

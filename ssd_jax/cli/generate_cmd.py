@@ -77,6 +77,9 @@ def register(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
     parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
+    parser.add_argument("--compile-cache", default=None, metavar="DIR",
+                        help="keep compiled programs in DIR, so the next run loads them instead of compiling "
+                             "(default: $SSD_JAX_COMPILE_CACHE, else none)")
     add_sampling_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -227,6 +230,7 @@ def run(args) -> int:
 
     import ssd_jax
 
+    ssd_jax.use_persistent_cache(args.compile_cache)
     target, draft = load_models(args)
     method = build_method(args)
     if args.method == "csd" or args.drafts:

@@ -8,6 +8,7 @@ so reloading the same checkpoint finds the same program."""
 from __future__ import annotations
 
 import collections
+import os
 import threading
 import time
 from typing import Any, Callable
@@ -72,3 +73,35 @@ PROGRAMS = CompileCache(MAX_ENTRIES)
 def clear() -> None:
     """Empties the cache (tests that swap a verifier in use it)."""
     PROGRAMS.clear()
+
+
+PERSISTENT_ENV = "SSD_JAX_COMPILE_CACHE"
+
+
+def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | None:
+    """Keeps every compiled XLA executable of this process on disk under `directory` (default:
+    the SSD_JAX_COMPILE_CACHE environment variable; neither: nothing changes, returns None), so a
+    later process loads a program instead of compiling it again. Compiling is most of a short
+    run's time on a GPU: each fixed decode program of the embedded pair took 7-11 s on an H200,
+    the adaptive loop's 10-80 s, and draft_len="auto" chosen per call compiles each program it
+    tries. JAX's own persistent cache (`jax_compilation_cache_dir`), every entry kept however
+    quick its compile; it is a process-wide setting, so it is only set when asked. Returns the
+    directory; InputError where it cannot be made."""
+    import jax
+
+    from ssd_jax.errors import InputError
+
+    directory = os.environ.get(PERSISTENT_ENV) if directory is None else os.fspath(directory)
+    if not directory:
+        return None
+    directory = os.path.abspath(os.path.expanduser(directory))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise InputError(f"compile cache directory {directory!r} cannot be made: {err.strerror}") from None
+    if not os.access(directory, os.W_OK):
+        raise InputError(f"compile cache directory {directory!r} is not writable")
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return directory
