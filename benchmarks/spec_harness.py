@@ -88,8 +88,8 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
 def call_trace(stats: dict) -> dict:
     """What one per-call "auto" call ran and what it cost (`ssd_jax.engine.per_call`): its length
     (0: AR's program), path count where chosen, seconds (the call end to end but its compile
-    where timed, `timed_generate`; else the run), compile
-    seconds, target calls and tokens; a configuration's first, untimed call first in its list,
+    where timed, `timed_generate`; else the run), compile seconds, target calls and tokens; a
+    configuration's first, untimed call first in its list,
     then its timed calls in the order they ran (prompt by prompt, each prompt's rounds in turn)."""
     seconds = stats.get("call_wall_s", stats["wall_time_s"])
     out = dict(length=int(stats.get("planned_draft_len", 0)), wall_s=float(seconds),

@@ -89,9 +89,9 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     differ by more than the difference sought (on CPU the loop's calibrated plain step came out
     12% below AR's timed by differences, where it does strictly more). None where a program's
     longer run takes no extra step, or the ratio is outside PLAUSIBLE_RATIO (remembered as such)."""
-    cached = _AR_RATIO.lookup(key)
-    if cached is not None:
-        return None if np.isnan(cached) else cached
+    known, ratio = known_ratio(key)
+    if known:
+        return ratio
     tokens = min(int(np.asarray(ar_args[-1])), _CALIBRATION_TOKENS)
     if tokens < 2:
         return None

@@ -46,14 +46,12 @@ verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with
 0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
 one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
 K / K' (where positive), so more paths are tried where their predicted gain outweighs that, one
-count at a time (2 paths before 4: `shape_speedups`). A program never run
-is chosen only where it predicts EXPLORE_GAIN over the rest (`choose_shape`). While AR's program
+count at a time (2 paths before 4: `shape_speedups`). A program never run is chosen only where it predicts EXPLORE_GAIN over the rest (`choose_shape`). While AR's program
 wins, a call runs the best program already run anyway now and then (a probe), so the
 acceptance stays current. A probe costs 1/s - 1 of an AR call where s is its predicted speedup
 (< 1), so the calls between probes are as many as keep that under PROBE_OVERHEAD of them (at
-least PROBE_EVERY_MIN),
-and each probe after which AR's program still wins doubles them (up to PROBE_EVERY_MAX, as the
-loop's and SSD's plain verdicts back off). A near tie probes within a few calls: one poor call
+least PROBE_EVERY_MIN), and each probe after which AR's program still wins doubles them (up to
+PROBE_EVERY_MAX, as the loop's and SSD's plain verdicts back off). A near tie probes within a few calls: one poor call
 (a prompt that retrieval drafts badly) does not hand the next several good ones to AR's program
 (H200, LogitSpec on the repeat set at T=0: 58% of the calls AR's program, 0.72 of fixed L=8,
 under a fixed first probe 8 calls in); a clear loss probes seldom (H200, LogitSpec at T=1 at
