@@ -453,8 +453,12 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
                                    method.max_draft_len)
     memory = adaptive.acceptance_key(target, draft, method, sampling)
     paced = ssd_auto.pace_acceptance(verdict_key)
-    draft_len = adaptive.choose_draft_len(costs, adaptive.ACCEPTANCE.get(memory) if paced is None else paced,
-                                          method.max_draft_len, step_overhead_s=ssd_auto.step_overhead(verdict_key))
+    acceptance = adaptive.ACCEPTANCE.get(memory) if paced is None else paced
+    overhead = ssd_auto.step_overhead(verdict_key)
+    draft_len = ssd_auto.probe_length(
+        verdict_key, adaptive.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
+        lambda n: adaptive.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))
+    ssd_auto.ran_length(verdict_key, draft_len)
     options = ssd_engine_options(method, draft_len)
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=True,

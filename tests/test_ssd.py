@@ -292,6 +292,67 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
     assert calls_until_probe() == 2
 
 
+def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference, monkeypatch):
+    """Past PROBE_LENGTHS lengths, a probe (SSD run again while its program's calls start plain)
+    keeps to the lengths its key ran, whose programs are compiled, unless the cost model predicts
+    a new one to beat them and plain decoding by NEW_LENGTH_GAIN: the preferred length moves with
+    the remembered acceptance, and probes at ever new lengths compiled SSD's programs (~20 s on
+    CPU) each time. Plain decoding's step is measured once for every length of these shapes.
+    Outside probes every length stays open."""
+    from ssd_jax.engine import adaptive
+
+    target, draft = models
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 2)
+    monkeypatch.setattr(ssd_auto, "PROBE_LENGTHS", 1)
+    monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 1)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 2.0)
+    measured = []
+    original = ssd_auto.plain_step_seconds
+    monkeypatch.setattr(ssd_auto, "plain_step_seconds",
+                        lambda key, *args: measured.append(key) or original(key, *args))
+    predicted = {1: 0.9, 2: 0.5, 3: 0.5, 4: 0.5}   # the cost model's speedups, whatever the timings
+    monkeypatch.setattr(adaptive, "predicted_speedup", lambda costs, acceptance, n, *rest, **kw: predicted[n])
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
+
+    def call():
+        out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+        assert out.tokens == reference.tokens
+        return out.stats
+
+    assert call()["planned_draft_len"] == 1            # SSD measured slower: the next calls start plain
+    predicted[4] = 1.02                                # preferred now, but not a clear gain
+    assert call()["plain_from_start"]
+    probe = call()
+    assert probe["ssd_steps"] >= 1 and probe["planned_draft_len"] == 1 and probe["compile_time_s"] == 0.0
+    predicted[3] = 1.2                                 # predicted to pay clearly: a new length
+    assert call()["plain_from_start"]
+    assert call()["planned_draft_len"] == 3
+    ssd_auto.forget()                                  # no verdict: every length open
+    predicted[4] = 1.5
+    assert call()["planned_draft_len"] == 4
+    assert len(measured) == 4 and len(set(measured)) == 1
+
+
+def test_probes_try_a_few_lengths_then_keep_to_them():
+    """A key's probes take the cost model's length until PROBE_LENGTHS lengths were run; then the
+    best of those (by the model), and a new one only where it is predicted to beat them and plain
+    decoding by NEW_LENGTH_GAIN. A call that is no probe always takes the model's length."""
+    key = ("program",)
+    speedup = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.8, 5: 0.9, 6: 1.04, 7: 1.2, 8: 1.0}.get
+    assert ssd_auto.probe_length(key, 5, speedup) == 5          # no verdict: no probe
+    ssd_auto.remember(key, 2.0, 2.0)                             # SSD slower: calls start plain
+    tried = []
+    for best in (2, 3, 4, 5, 6):
+        tried.append(ssd_auto.probe_length(key, best, speedup))
+        ssd_auto.ran_length(key, tried[-1])
+    assert tried[:ssd_auto.PROBE_LENGTHS] == [2, 3, 4][:ssd_auto.PROBE_LENGTHS]
+    assert tried[ssd_auto.PROBE_LENGTHS:] == [4] * (5 - ssd_auto.PROBE_LENGTHS)   # 5 and 6: no clear gain
+    assert ssd_auto.probe_length(key, 7, speedup) == 7          # 1.2 > 1.05 x max(0.8, 1.0)
+    ssd_auto.forget()
+
+
 def test_verdict_is_the_recent_calls_mean_log_ratio():
     """One prompt where SSD is slower, among prompts where it pays, does not send the program's
     calls to plain decoding (the last call's verdict did: 42-63% of the steps plain on held-out

@@ -55,6 +55,13 @@ class PlainVerdicts:
             self._values.store(key, (True, verdict[1] + 1, verdict[2]))
             return True
 
+    def is_plain(self, key) -> bool:
+        """Whether key's verdict is "decode plainly" (a call that runs the adaptive program while
+        it is, `starts_plain` having said no, is a probe). Counts nothing."""
+        with self._lock:
+            verdict = self._values.lookup(key)
+            return verdict is not None and bool(verdict[0])
+
     def remember(self, key, plain: bool, back_off: bool, first: int, most: int) -> None:
         """The verdict of a call that ran the adaptive program: plain (it did not pay); back_off:
         a plain verdict that may double the calls between probes, when the verdict before was

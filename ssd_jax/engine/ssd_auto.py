@@ -26,7 +26,8 @@ slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from t
 draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
 the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
 call; each probe after which the mean still finds SSD at least BACKOFF_RATIO times slower per
-token doubles the interval, up to PROBE_EVERY_MAX calls. One call is not enough: the key covers
+token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS lengths, its
+probes keep to those, whose programs are compiled (`probe_length`). One call is not enough: the key covers
 every prompt of those shapes, and SSD's speed differs by prompt (held-out code, batch 1, T=0, one
 CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per token, one at 1.47 that
 switched; remembering the last call's verdict sent the three to plain decoding after it, 42-63%
@@ -70,12 +71,15 @@ DECAY = 0.85
 PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
+PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
+NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
 VERDICT_WEIGHT = 0.25   # a judged call's weight in its key's mean log cost ratio (~4 calls' memory)
 PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps
 OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 _PLAIN_STEP_S = Recent()
 _VERDICTS = PlainVerdicts()
+_LENGTHS_RUN = Recent()
 _LOCK = threading.Lock()
 
 
@@ -259,6 +263,38 @@ def starts_plain(key) -> bool:
     return _VERDICTS.starts_plain(key)
 
 
+def probe_length(key, best: int, speedup) -> int:
+    """The draft length of a call of the program `key` whose cost model prefers `best`
+    (speedup: callable length -> predicted speedup over plain decoding). A probe (SSD run again
+    while the key's calls start plain) takes `best` while its key has run fewer than
+    PROBE_LENGTHS lengths in this process; after that it keeps to those lengths, whose programs
+    are compiled (the best of them by `speedup`), unless `best` is predicted to beat both them
+    and plain decoding by NEW_LENGTH_GAIN. SSD's programs compile per length (~20 s on CPU for
+    the embedded pair), and the preferred length follows the acceptance and overhead the key's
+    last calls measured, which move: where no length paid (short prompts, batch 1, T=1, one CPU
+    device) every probe took a new length, compiled, and ran its new programs' slow first runs
+    (2.3-2.7x a plain call's time besides the compile). Not fewer lengths: the model prices other
+    lengths from the overhead measured at the ones run, which is not the same at every length
+    (held-out code, T=0: the first call ran L=2 at 0.83x AR and the model priced L=4 at 0.57x,
+    where L=4 and 6 ran 1.14x and 1.23x). A call that is no probe takes `best`."""
+    if not _VERDICTS.is_plain(key):
+        return best
+    with _LOCK:
+        ran = _LENGTHS_RUN.lookup(key) or ()
+    if best in ran or len(ran) < PROBE_LENGTHS:
+        return best
+    known = max(sorted(ran), key=speedup)
+    return best if speedup(best) > max(speedup(known), 1.0) * (1.0 + NEW_LENGTH_GAIN) else known
+
+
+def ran_length(key, draft_len: int) -> None:
+    """Notes that a call of the program `key` ran SSD at draft_len (`probe_length`)."""
+    with _LOCK:
+        known = _LENGTHS_RUN.lookup(key) or ()
+        if draft_len not in known:
+            _LENGTHS_RUN.store(key, tuple(sorted(known + (int(draft_len),))))
+
+
 # Per program key: recent judged calls' log cost ratios (> 0: SSD slower than plain decoding)
 # over their SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
 # overhead in seconds (`step_overhead`), and the acceptance of its batch's pace.
@@ -342,6 +378,8 @@ def remember(key, call_ratio: float, judged_ratio: float | None) -> None:
 def forget() -> None:
     """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
     _VERDICTS.forget()
+    with _LOCK:
+        _LENGTHS_RUN.clear()
     for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
         means.clear()
 
