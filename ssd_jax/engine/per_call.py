@@ -39,26 +39,26 @@ surplus, AR's program read as dear as the method's verification (on an H200, GBV
 paths measured ~0.7 ms a target call against AR's 0.15 ms a token, while the borrowed surplus
 priced AR near 0.45 ms: "auto" ran 0.70-0.74x AR and never chose AR's program).
 
-A multi-path method whose paths "auto" left open (SpecInfer, SpecTr, GBV at T > 0) chooses its
-path count here too, among `auto_shape.PATH_CHOICES` (`Shape`s, one per K): the cost model's
-forwards at K L + 1 tokens cost about one token's on a GPU, so it takes the most paths, but their
-verification and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran
-0.70-0.74x AR where 2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run
-one path; a shape not yet run borrows the surplus measured on the shape of nearest K, scaled by
-K / K' (where positive), so more paths are tried where their predicted gain outweighs that, one
-count at a time (2 paths before 4: `shape_speedups`). A program never run is chosen only where it predicts EXPLORE_GAIN over the rest (`choose_shape`). While AR's program
-wins, a call runs the best program already run anyway now and then (a probe), so the
-acceptance stays current. A probe costs 1/s - 1 of an AR call where s is its predicted speedup
-(< 1), so the calls between probes are as many as keep that under PROBE_OVERHEAD of them (at
-least PROBE_EVERY_MIN), and each probe after which AR's program still wins doubles them (up to
-PROBE_EVERY_MAX, as the loop's and SSD's plain verdicts back off). A near tie probes within a few calls: one poor call
-(a prompt that retrieval drafts badly) does not hand the next several good ones to AR's program
-(H200, LogitSpec on the repeat set at T=0: 58% of the calls AR's program, 0.72 of fixed L=8,
-under a fixed first probe 8 calls in); a clear loss probes seldom (H200, LogitSpec at T=1 at
-~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU, PLD at T=1 lost 1-5% to them
-at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% probed a near tie (PLD at T=1 on CPU, L=2 at
-0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program once (the compile
-cache keeps it).
+A multi-path method whose paths "auto" left open (SpecInfer, SpecTr, GBV at T > 0) chooses its path
+count here too, among `auto_shape.PATH_CHOICES` (`Shape`s, one per K): the cost model's forwards at
+K L + 1 tokens cost about one token's on a GPU, so it takes the most paths, but their verification
+and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran 0.70-0.74x AR where
+2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run one path; a shape not
+yet run borrows the surplus measured on the shape of nearest K, scaled by K / K' (where positive),
+so more paths are tried where their predicted gain outweighs that, one count at a time (2 paths
+before 4: `shape_speedups`). A program never run is chosen only where it predicts EXPLORE_GAIN over
+the rest (`choose_shape`). While AR's program wins, a call runs the best program already run anyway
+now and then (a probe), so the acceptance stays current. A probe costs 1/s - 1 of an AR call where
+s is its predicted speedup (< 1), so the calls between probes are as many as keep that under
+PROBE_OVERHEAD of them (at least PROBE_EVERY_MIN), and each probe after which AR's program still
+wins doubles them (up to PROBE_EVERY_MAX, as the loop's and SSD's plain verdicts back off). A near
+tie probes within a few calls: one poor call (a prompt that retrieval drafts badly) does not hand
+the next several good ones to AR's program (H200, LogitSpec on the repeat set at T=0: 58% of the
+calls AR's program, 0.72 of fixed L=8, under a fixed first probe 8 calls in); a clear loss probes
+seldom (H200, LogitSpec at T=1 at ~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU,
+PLD at T=1 lost 1-5% to them at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% probed a near tie (PLD
+at T=1 on CPU, L=2 at 0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program
+once (the compile cache keeps it).
 """
 
 from __future__ import annotations

@@ -26,11 +26,11 @@ slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from t
 draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
 the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
 call; each probe after which the mean still finds SSD at least BACKOFF_RATIO times slower per
-token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS lengths, its
-probes keep to those, whose programs are compiled (`probe_length`). One call is not enough: the key covers
-every prompt of those shapes, and SSD's speed differs by prompt (held-out code, batch 1, T=0, one
-CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per token, one at 1.47 that
-switched; remembering the last call's verdict sent the three to plain decoding after it, 42-63%
+token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS
+lengths, its probes keep to those, whose programs are compiled (`probe_length`). One call is not
+enough: the key covers every prompt of those shapes, and SSD's speed differs by prompt (held-out
+code, batch 1, T=0, one CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per token,
+one at 1.47 that switched; remembering the last call's verdict sent the three to plain decoding after it, 42-63%
 of all steps plain, 1.14-1.24x AR where fixed L=4 ran 1.28-1.32x). A probe runs SSD's unjudged
 and judged steps at SSD's speed, so it costs in proportion to how much slower SSD is: with a
 probe every 8th call, "auto" read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired
@@ -283,7 +283,7 @@ def probe_length(key, best: int, speedup) -> int:
         ran = _LENGTHS_RUN.lookup(key) or ()
     if best in ran or len(ran) < PROBE_LENGTHS:
         return best
-    known = max(sorted(ran), key=speedup)
+    known = max(ran, key=speedup)   # ran is sorted: ties go to the shorter
     return best if speedup(best) > max(speedup(known), 1.0) * (1.0 + NEW_LENGTH_GAIN) else known
 
 
