@@ -454,7 +454,7 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     memory = adaptive.acceptance_key(target, draft, method, sampling)
     paced = ssd_auto.pace_acceptance(verdict_key)
     acceptance = adaptive.ACCEPTANCE.get(memory) if paced is None else paced
-    overhead = ssd_auto.step_overhead(verdict_key)
+    overhead = ssd_auto.step_overhead(verdict_key, costs.target(1))
     draft_len = ssd_auto.probe_length(
         verdict_key, adaptive.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
         lambda n: adaptive.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))

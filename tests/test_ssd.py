@@ -382,6 +382,50 @@ def test_a_slow_first_call_weighs_no_more_than_the_next_ones():
     assert ssd_auto.prior_log_ratio(key) == pytest.approx((np.log(1.3) + np.log(0.75)) / 2)
 
 
+def test_the_switch_s_prior_is_the_call_s_length_s(models, prompts, reference, monkeypatch):
+    """The steady state a call's switch weighs is the one measured at its own length; at a length
+    no judged call ran, the other lengths' weighs less where it says SSD lost. A first call at L=2
+    slower than plain decoding ended a probe at L=3 that ran 0.86x its cost (held-out code, batch
+    1, T=0, one CPU device), and the calls stayed plain where L=4 and 6 ran 1.09x and 1.17x AR;
+    with no prior at all, near-break-even probes at new lengths ran to their end at batch 8."""
+    key = ("program",)
+    assert ssd_auto.switch_prior(key, 2) == (None, ssd_auto.PRIOR_STEPS)
+    ssd_auto.remember(key, 1.37, 1.37, draft_len=2)
+    assert ssd_auto.switch_prior(key, 2) == (pytest.approx(np.log(1.37)), ssd_auto.PRIOR_STEPS)
+    lost = ssd_auto.switch_prior(key, 3)                  # slower at 2 tells less of 3
+    assert lost == (pytest.approx(np.log(1.37)), ssd_auto.OTHER_LENGTH_PRIOR_STEPS)
+
+    def switches(window_ratio: float, prior) -> bool:
+        switch = ssd_auto.PlainSwitch(plain_step_s=1.0, prior_log_ratio=prior[0], prior_steps=prior[1])
+        for _ in range(ssd_auto.WARMUP_STEPS + ssd_auto.MIN_STEPS):
+            switch.record(seconds=window_ratio, row_tokens=1.0)
+        return switch.slower_than_plain()
+
+    assert not switches(0.86, lost)                       # the probe that paid goes on ...
+    assert switches(0.86, ssd_auto.switch_prior(key, 2))  # ... which L=2's own prior would end
+    assert switches(0.97, lost)                           # near the break-even: it ends
+    ssd_auto.remember(key, 0.6, 0.6, draft_len=3)
+    assert ssd_auto.switch_prior(key, 3) == (pytest.approx(np.log(0.6)), ssd_auto.PRIOR_STEPS)
+    paid = (np.log(1.37) + np.log(0.6)) / 2
+    assert paid < 0 and ssd_auto.switch_prior(key, 5) == (pytest.approx(paid), ssd_auto.PRIOR_STEPS)
+
+    # Through generate: the call's length is the one remembered.
+    ssd_auto.forget()
+    target, draft = models
+    monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 1)
+    monkeypatch.setattr(ssd_auto, "MIN_STEPS", 2)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "judged_ratio", lambda self: 1.5)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft)
+    assert out.tokens == reference.tokens
+    length = out.stats["planned_draft_len"]
+    key = next(iter(ssd_auto._RATIOS._values))
+    assert ssd_auto.prior_log_ratio(key, length) == pytest.approx(np.log(1.5))
+    assert ssd_auto.prior_log_ratio(key, 1 if length != 1 else 2) is None
+    assert ssd_auto.prior_log_ratio(key) == pytest.approx(np.log(1.5))
+
+
 def test_switch_weighs_the_program_s_recent_calls():
     """Where the program's calls paid (prior log ratio < 0), a stretch somewhat slower than plain
     decoding does not end SSD, but a call far slower throughout still switches; with no prior the
@@ -413,8 +457,13 @@ def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
     costs = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
     assert adaptive.choose_draft_len(costs, 0.8, 6) < 6
     key = ("program",)
-    overhead = functools.partial(ssd_auto.step_overhead, key)
-    assert overhead() == 0.0
+    overhead = functools.partial(ssd_auto.step_overhead, key, costs.target(1))
+    # Before a judged call, PRIOR_OVERHEAD target steps: the first call drafts longer than the
+    # model alone would have it (L=2 there ran 0.81x AR where L=4 and 6 ran 1.09x and 1.17x).
+    assert overhead() == pytest.approx(ssd_auto.PRIOR_OVERHEAD * costs.target(1))
+    prior = adaptive.PRIOR_ACCEPTANCE
+    assert adaptive.choose_draft_len(costs, prior, 6, step_overhead_s=overhead()) > adaptive.choose_draft_len(
+        costs, prior, 6)
     assert ssd_auto.pace_acceptance(key) is None
     # 2.1 + 0.25 L forwards a step, 4.03 tokens a step at L=4
     ssd_auto.remember_step(key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))

@@ -189,8 +189,9 @@ class _Decode:
                    self.plan.out_size, self.rows.size)
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
-            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens,
-                                               prior_log_ratio=ssd_auto.prior_log_ratio(self.verdict_key))
+            prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
+            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
+                                               prior_steps=prior_steps)
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
         # A step's seconds for the switch run from the previous step's record, so that they hold
         # the lookup and the fallback drafting of missed rows (`next_speculation`), which is on
@@ -329,7 +330,8 @@ class _Decode:
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
             ssd_auto.remember(self.verdict_key, switch.call_ratio(),
-                              switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None)
+                              switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None,
+                              self.plan.num_draft_tokens)
 
 
 def generate_ssd(

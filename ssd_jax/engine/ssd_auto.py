@@ -73,8 +73,12 @@ PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
 PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
 NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
+# SSD's step overhead before a program's first judged call, in target steps (measured on one CPU
+# device, batch 1: 1.3-1.4 on an AMD EPYC VM, ~1.0 on an Intel Xeon one; `step_overhead`).
+PRIOR_OVERHEAD = 1.0
 VERDICT_WEIGHT = 0.25   # a judged call's weight in its key's mean log cost ratio (~4 calls' memory)
-PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps
+PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps ...
+OTHER_LENGTH_PRIOR_STEPS = 2   # ... and of other lengths' where the call's length has none
 OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 _PLAIN_STEP_S = Recent()
@@ -97,12 +101,13 @@ class PlainSwitch:
     furthest behind), against plain_step_s. call_tokens: the tokens a row decodes in the call
     (the horizon at which the batch's pace is judged; 0: the window's pace as measured).
     prior_log_ratio: the program's recent calls' mean log cost ratio over their judged steps
-    (`prior_log_ratio`; None: no call judged yet), which the switch weighs as PRIOR_STEPS judged
-    steps of this call."""
+    (`switch_prior`; None: none to weigh), which the switch weighs as prior_steps judged steps of
+    this call."""
 
     plain_step_s: float
     call_tokens: int = 0
     prior_log_ratio: float | None = None
+    prior_steps: float = PRIOR_STEPS
     seconds: float = 0.0
     tokens: float = 0.0
     steps: int = 0
@@ -181,7 +186,7 @@ class PlainSwitch:
     def slower_than_plain(self) -> bool:
         """Whether to finish the call plainly: after MIN_STEPS judged steps, the log of the
         window's `cost_ratio`, weighed as the judged steps' count against the program's recent
-        calls' mean (`prior_log_ratio`) as PRIOR_STEPS steps, is above 0. SSD's speed differs
+        calls' mean (`prior_log_ratio`) as prior_steps steps, is above 0. SSD's speed differs
         within a call: a stretch near or above the break-even can precede one far below it
         (held-out code, batch 1, T=0, one CPU device: windows of 0.9-1.1 at steps 9-18, 0.65
         after, 1.14-1.26x AR over the call); where the program's calls have paid, one such stretch
@@ -193,7 +198,8 @@ class PlainSwitch:
         judged = np.log(self.cost_ratio())
         if self.prior_log_ratio is None:
             return judged > 0.0
-        return (self.steps * judged + PRIOR_STEPS * self.prior_log_ratio) / (self.steps + PRIOR_STEPS) > 0.0
+        weight = self.prior_steps
+        return (self.steps * judged + weight * self.prior_log_ratio) / (self.steps + weight) > 0.0
 
     def judged_step_s(self) -> float | None:
         """The mean seconds of the call's judged steps (None: none judged)."""
@@ -304,26 +310,52 @@ _OVERHEADS = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
 _PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
 
 
-def prior_log_ratio(key) -> float | None:
+def prior_log_ratio(key, draft_len: int | None = None) -> float | None:
     """The program's recent judged calls' mean log cost ratio over their judged steps, SSD's
-    steady state (`PlainSwitch.prior_log_ratio`)."""
-    return _STEADY_RATIOS.lookup(key)
+    steady state: over the calls at draft_len (None: at every length)."""
+    return _STEADY_RATIOS.lookup(key if draft_len is None else (key, int(draft_len)))
 
 
-def step_overhead(key) -> float:
+def switch_prior(key, draft_len: int) -> tuple[float | None, float]:
+    """(prior_log_ratio, prior_steps) of a call's `PlainSwitch` at draft_len: the steady state of
+    the program's calls at that length as PRIOR_STEPS judged steps; at a length no judged call
+    ran, every length's as OTHER_LENGTH_PRIOR_STEPS where it says SSD lost (> 0), and as
+    PRIOR_STEPS where it says SSD paid (it may carry a call through a slow stretch). Another
+    length's speed is weaker evidence of this one's: held-out code, batch 1, T=0, one CPU device,
+    a first call at L=2 ran 1.37x plain decoding's cost a token and a probe at L=3 0.86x over its
+    judged steps; weighed as 6 steps against the probe's 6, L=2's steady state ended the probe at
+    its first judgement, and the calls stayed plain (0.99x AR where fixed L=4 and 6 ran 1.09x and
+    1.17x). Not none at all: where every length loses (batch 8, one CPU device) a probe at a new
+    length whose window read near the break-even then ran SSD to its end (12% of the steps
+    speculative against 1%, 0.96x AR against 1.00x)."""
+    own = prior_log_ratio(key, draft_len)
+    if own is not None:
+        return own, PRIOR_STEPS
+    other = prior_log_ratio(key)
+    if other is None:
+        return None, PRIOR_STEPS
+    return other, (PRIOR_STEPS if other < 0.0 else OTHER_LENGTH_PRIOR_STEPS)
+
+
+def step_overhead(key, target_step_s: float) -> float:
     """Seconds a step of SSD's program `key` took beyond the cost model's speculative step
-    (target(L+1) + L draft forwards) on its recent calls; 0.0 before one was judged (and under
-    SSD_JAX_DETERMINISTIC_AUTO=1). SSD's step carries a fixed cost of its own (the host loop, the
-    cache lookup, the fallback drafting of missed rows, the draft's cache build and, on one device,
-    its share of the device), which favours longer drafts than the synchronous methods': on one
-    CPU device its steps took the time of 2.1 + 0.25 L target forwards (held-out code, batch 1,
-    T=0: L=2 ran 1.00x AR, 4 1.28x, 6 1.39x), where the model without it chose L of 2-4. (A line
-    in L fitted through the overheads measured at each length, since the build grows with L,
-    chose L of 1-2 at batch 4 where L=4 and 6 ran 1.09-1.10x AR: the lengths a call measures
-    first are judged on the call's early steps, whose acceptance is lower.)"""
+    (target(L+1) + L draft forwards) on its recent calls; before one was judged, PRIOR_OVERHEAD
+    target steps (target_step_s: the cost model's target(1)); 0.0 under
+    SSD_JAX_DETERMINISTIC_AUTO=1. SSD's step carries a fixed cost of its own (the host loop, the
+    cache lookup, the fallback drafting of missed rows, the draft's cache build and, on one
+    device, its share of the device), which favours longer drafts than the synchronous methods':
+    on one CPU device its steps took the time of 2.1 + 0.25 L target forwards (held-out code,
+    batch 1, T=0: L=2 ran 1.00x AR, 4 1.28x, 6 1.39x), where the model without it chose L of 2-4.
+    Not 0 before the first judged call: a program's first call then ran L=2 (same set, an AMD EPYC
+    VM: 0.81x AR where L=4 and 6 ran 1.09x and 1.17x) and, slower than plain decoding, sent the
+    calls after it plain. (A line in L fitted through the overheads measured at each length,
+    since the build grows with L, chose L of 1-2 at batch 4 where L=4 and 6 ran 1.09-1.10x AR:
+    the lengths a call measures first are judged on the call's early steps, whose acceptance is
+    lower.)"""
     if not timings_allowed():
         return 0.0
-    return _OVERHEADS.lookup(key) or 0.0
+    measured = _OVERHEADS.lookup(key)
+    return PRIOR_OVERHEAD * float(target_step_s) if measured is None else measured
 
 
 def pace_acceptance(key) -> float | None:
@@ -359,18 +391,21 @@ def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
     return 0.5 * (low + high)
 
 
-def remember(key, call_ratio: float, judged_ratio: float | None) -> None:
-    """A call that ran at least MIN_STEPS SSD steps (or switched), with its
-    `PlainSwitch.call_ratio` and `judged_ratio` (None: too few judged steps, the switch's prior is
-    left as it was). The next calls start plain (`starts_plain`) while the key's mean log call
-    ratio over recent calls is above 0; a probe after which that mean is at least
-    log(BACKOFF_RATIO) doubles the calls between probes; any other verdict sets them to
-    PROBE_EVERY. A call too short for the switch to judge (fewer than WARMUP_STEPS + MIN_STEPS
-    steps) still counts here: the next such calls cannot switch either, and start plain if
-    SSD's calls lost."""
+def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int | None = None) -> None:
+    """A call at draft_len (None: not told) that ran at least MIN_STEPS SSD steps (or switched),
+    with its `PlainSwitch.call_ratio` and `judged_ratio` (None: too few judged steps, the switch's
+    prior is left as it was; else it joins the key's and the length's, `prior_log_ratio`). The
+    next calls start plain (`starts_plain`) while the key's mean log call ratio over recent calls
+    is above 0; a probe after which that mean is at least log(BACKOFF_RATIO) doubles the calls
+    between probes; any other verdict sets them to PROBE_EVERY. A call too short for the switch
+    to judge (fewer than WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls
+    cannot switch either, and start plain if SSD's calls lost."""
     mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
     if judged_ratio is not None:
-        _STEADY_RATIOS.add(key, float(np.log(max(judged_ratio, 1e-9))))
+        steady = float(np.log(max(judged_ratio, 1e-9)))
+        _STEADY_RATIOS.add(key, steady)
+        if draft_len is not None:
+            _STEADY_RATIOS.add((key, int(draft_len)), steady)
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=PROBE_EVERY,
                        most=PROBE_EVERY_MAX)
 
