@@ -3,8 +3,9 @@ switch to plain decoding when SSD measures slower than the target alone.
 
 The length: the synchronous methods' cost model (`ssd_jax.engine.adaptive.choose_draft_len`)
 with SSD's own cost per step added (`step_overhead`: what its judged steps took beyond the
-model's target(L+1) + L draft forwards, measured on the program's recent calls) and, once a call
-was judged, the acceptance its batch's pace implies (`pace_acceptance`).
+model's target(L+1) + L draft forwards, measured on the program's recent calls; one target step
+before the first) and, once a call was judged, the acceptance its batch's pace implies
+(`pace_acceptance`).
 
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
 extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
@@ -29,9 +30,9 @@ call; each probe after which the mean still finds SSD at least BACKOFF_RATIO tim
 token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS
 lengths, its probes keep to those, whose programs are compiled (`probe_length`). One call is not
 enough: the key covers every prompt of those shapes, and SSD's speed differs by prompt (held-out
-code, batch 1, T=0, one CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per token,
-one at 1.47 that switched; remembering the last call's verdict sent the three to plain decoding after it, 42-63%
-of all steps plain, 1.14-1.24x AR where fixed L=4 ran 1.28-1.32x). A probe runs SSD's unjudged
+code, batch 1, T=0, one CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per
+token, one at 1.47 that switched; remembering the last call's verdict sent the three to plain
+decoding after it, 42-63% of all steps plain, 1.14-1.24x AR where fixed L=4 ran 1.28-1.32x). A probe runs SSD's unjudged
 and judged steps at SSD's speed, so it costs in proportion to how much slower SSD is: with a
 probe every 8th call, "auto" read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired
 rounds of 4 calls), while near the break-even probes cost little.
@@ -198,8 +199,8 @@ class PlainSwitch:
         judged = np.log(self.cost_ratio())
         if self.prior_log_ratio is None:
             return judged > 0.0
-        weight = self.prior_steps
-        return (self.steps * judged + weight * self.prior_log_ratio) / (self.steps + weight) > 0.0
+        prior = self.prior_steps * self.prior_log_ratio
+        return (self.steps * judged + prior) / (self.steps + self.prior_steps) > 0.0
 
     def judged_step_s(self) -> float | None:
         """The mean seconds of the call's judged steps (None: none judged)."""
