@@ -3,7 +3,9 @@
 Reads the results files of `bench_adaptive.py` (`benchmarks/results/adaptive*.json`) and keeps,
 for every method, backend, batch size, temperature and prompt set, the newest measurement (by the
 files' `machine.date_utc`); a file whose "superseded" field says why (measured on a loop the
-library no longer runs) is left out, and so is one measured with `policy_overrides` (a backend
+library no longer runs) is left out, so is one whose "not_in_table" field says why (a second
+process's repeat of cells a fuller run measured: the table keeps the full run, so a repeat cannot
+replace a worse first try), and so is one measured with `policy_overrides` (a backend
 policy other than the shipped one, `bench_adaptive.py --policy`). Each row of the table is one method, backend, batch size and
 temperature over its prompt sets: "auto"'s speedup over AR and its ratio to the best fixed
 setting of each set (the lowest and highest over the sets), and the issue's goals checked per set:
@@ -53,11 +55,12 @@ def machine_label(machine: dict[str, Any]) -> str:
 def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
     """[(method, backend, batch, temperature, set), cell] of one results file: auto's paired
     ratios, the best fixed setting and where and when it was measured. A file without "results"
-    (a step profile), marked "superseded" or measured under a policy override gives none; a malformed one raises SummaryError
-    naming it."""
+    (a step profile), marked "superseded" or "not_in_table" (a repeat of cells measured in a
+    fuller run the table keeps, so a second try cannot replace a worse first one) or measured under
+    a policy override gives none; a malformed one raises SummaryError naming it."""
     with open(path) as f:
         data = json.load(f)
-    if "results" not in data or data.get("superseded") or data.get("policy_overrides"):
+    if "results" not in data or data.get("superseded") or data.get("not_in_table") or data.get("policy_overrides"):
         return []
     out = []
     try:

@@ -45,14 +45,17 @@ def test_the_newest_measurement_of_a_cell_wins(tmp_path):
     assert row["vs_ar"] == (1.2, 1.3) and row["misses"] == {} and row["machines"] == ["2-core AMD EPYC"]
 
 
-def test_a_superseded_file_is_left_out(tmp_path):
-    """A file measured on a loop the library no longer runs gives no cell, even where it alone has
-    the cell or is the newest."""
+@pytest.mark.parametrize("field, reason", [("superseded", "before the GPU loop policy"),
+                                           ("not_in_table", "a second process of two cells of a fuller run")])
+def test_a_superseded_file_is_left_out(tmp_path, field, reason):
+    """A file measured on a loop the library no longer runs, or a repeat of cells a fuller run
+    measured (a second try must not replace a worse first one), gives no cell, even where it
+    alone has the cell or is the newest."""
     kept = _write(tmp_path / "adaptive_kept.json", "2026-11-24", [_case("code", 1.10, 0.97)])
     gone = tmp_path / "adaptive_gone.json"
     _write(gone, "2026-11-26", [_case("code", 0.90, 0.80), _case("short", 0.95, 0.79)])
     data = json.loads(gone.read_text())
-    gone.write_text(json.dumps(dict(data, superseded="before the GPU loop policy")))
+    gone.write_text(json.dumps(dict(data, **{field: reason})))
     cells = summary.newest_cells([kept, str(gone)])
     assert set(cells) == {("sd", "cpu", 1, 0.0, "code")} and cells[("sd", "cpu", 1, 0.0, "code")]["vs_ar"] == 1.10
 
