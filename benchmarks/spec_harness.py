@@ -80,14 +80,21 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
         result["loop_costs"] = [float(x) for x in outs[0].stats["loop_costs"]]
     if "loop_costs" in first:
         result["first_call"] = {name: _plain(first[name]) for name in FIRST_CALL_STATS if name in first}
-    if first.get("per_call"):
+    if first.get("per_call") or first.get("method") == "ssd" and first.get("adaptive"):
         result["per_call_trace"] = [call_trace(stats) for stats in [first] + [o.stats for o in outs]]
     return result
 
 
+# SSD "auto" calls that ran SSD also say where they switched to plain decoding, the plain step
+# they were judged against (timed once per program and process) and their judged steps' seconds
+# and pace: a process whose plain step read high kept speculating where SSD lost (batch 4).
+SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens")
+
+
 def call_trace(stats: dict) -> dict:
-    """What one per-call "auto" call ran and what it cost (`ssd_jax.engine.per_call`): its length
-    (0: AR's program), path count where chosen, seconds (the call end to end but its compile
+    """What one per-call "auto" call (`ssd_jax.engine.per_call`, or SSD's) ran and what it cost:
+    its length (0: AR's program), path count where chosen, SSD's `SSD_TRACE_STATS` where it ran
+    SSD, seconds (the call end to end but its compile
     where timed, `timed_generate`; else the run), compile seconds, target calls and tokens; a
     configuration's first, untimed call first in its list,
     then its timed calls in the order they ran (prompt by prompt, each prompt's rounds in turn)."""
@@ -97,6 +104,9 @@ def call_trace(stats: dict) -> dict:
                tokens=int(stats["num_generated_tokens"]))
     if "chosen_paths" in stats:
         out["paths"] = int(stats["chosen_paths"])
+    for name in SSD_TRACE_STATS:
+        if stats.get(name) is not None:
+            out[name] = float(stats[name])
     return out
 
 
