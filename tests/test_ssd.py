@@ -158,6 +158,7 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
     to the end: the AR tokens, streamed as they come."""
     target, draft = models
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES[switch])
+    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
     got: list[list[int]] = [[] for _ in prompts]
 
     def sink(tokens, counts):
@@ -173,6 +174,9 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
     if switch == "after-one-step":
         assert out.stats["switched_to_plain_at_step"] == 1 and out.stats["ssd_steps"] == 1
         assert out.stats["ar_fallback_share"] > 0.5
+        # its plain chunks (16 steps, compiled by the plain step's measurement) timed the plain step
+        assert all(seconds > 0 for runs in ssd_auto._PLAIN_RUNS.values() for seconds in runs)
+        assert sum(map(len, ssd_auto._PLAIN_RUNS.values())) >= 1
 
 
 @pytest.mark.parametrize("streaming", [False, True])
@@ -569,6 +573,36 @@ def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_compiling_one(monke
     state = {"cache": jnp.zeros((2, 3))}
     assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)
     assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)   # remembered: no run
+
+
+def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
+    """A plain step timed once stays wrong if the machine was slow then (5.9 ms at batch 4 where
+    other processes read 4.5-5.6): the switched calls' plain parts join it, the median of the
+    first measurement and the last PLAIN_RUNS_KEPT parts; parts too short to time are left out."""
+    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
+    runs = iter([1.0, 1.6, 1.6])   # 16 steps a run: 0.1 s a step after the compiling run
+    clock = {"now": 0.0}
+
+    def run_chunk(state):
+        clock["now"] += next(runs)
+        return np.zeros((1, 16)), np.array([16])
+
+    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    step = functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((1, 2))})
+    assert step() == pytest.approx(0.1)
+    ssd_auto.observe_plain_run("key", seconds=1.2, steps=16)     # 0.075 s a step
+    assert step() == pytest.approx((0.1 + 0.075) / 2)
+    ssd_auto.observe_plain_run("key", seconds=0.5, steps=ssd_auto.PLAIN_RUN_MIN_STEPS - 1)   # too short
+    ssd_auto.observe_plain_run("key", seconds=8.0, steps=100)    # 0.08 s a step
+    assert step() == pytest.approx(0.08)
+    assert step() == pytest.approx(0.08)
+    for _ in range(ssd_auto.PLAIN_RUNS_KEPT):
+        ssd_auto.observe_plain_run("key", seconds=0.9, steps=18)   # 0.05 s a step
+    assert step() == pytest.approx(0.05) and len(ssd_auto._PLAIN_RUNS.lookup("key")) == ssd_auto.PLAIN_RUNS_KEPT
+    ssd_auto.observe_plain_run("other", seconds=0.9, steps=18)     # another program's: its own
+    assert step() == pytest.approx(0.05)
 
 
 # ---------------------------------------------------------------------------------- fan-out

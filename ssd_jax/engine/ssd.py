@@ -134,6 +134,7 @@ class _Decode:
         self.plain = functools.partial(plain, chunk=ssd_auto.PLAIN_CHUNK)
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
+        self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
         self.verdict_key = verdict_key
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
@@ -187,6 +188,7 @@ class _Decode:
             # on CPU at batch 1).
             key = ("ssd_plain", self.tgroup.ids(), self.run.static[0], self.sampling, self.plan.prompt_size,
                    self.plan.out_size, self.rows.size)
+            self.plain_key = key
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
             prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
@@ -209,13 +211,17 @@ class _Decode:
 
     def finish_plain(self, cur: np.ndarray) -> None:
         """Decodes the rest of the call plainly: chunk by chunk when streaming (streamed per
-        chunk), else in one program."""
+        chunk), else in one program. Each run that did not compile times plain decoding's step
+        for the next calls (`ssd_auto.observe_plain_run`)."""
         self.switched_at = self.tally.steps
         step = self.step
         while not self.done.all():
+            start, compile_start = time.perf_counter(), self.run.compile_s
             self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step,
                                                                        rest=self.stream is None)
             appended = np.asarray(appended)
+            if self.plain_key is not None and self.run.compile_s == compile_start:
+                ssd_auto.observe_plain_run(self.plain_key, time.perf_counter() - start, int(np.max(appended)))
             if self.stream is not None:
                 self.stream(np.asarray(emitted), appended)
             self.done = np.asarray(done).astype(bool)
