@@ -80,14 +80,14 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
         result["loop_costs"] = [float(x) for x in outs[0].stats["loop_costs"]]
     if "loop_costs" in first:
         result["first_call"] = {name: _plain(first[name]) for name in FIRST_CALL_STATS if name in first}
-    if first.get("per_call") or first.get("method") == "ssd" and first.get("adaptive"):
+    if first.get("per_call") or (first.get("method") == "ssd" and first.get("adaptive")):
         result["per_call_trace"] = [call_trace(stats) for stats in [first] + [o.stats for o in outs]]
     return result
 
 
 # SSD "auto" calls that ran SSD also say where they switched to plain decoding, the plain step
-# they were judged against (timed once per program and process) and their judged steps' seconds
-# and pace: a process whose plain step read high kept speculating where SSD lost (batch 4).
+# they were judged against (`ssd_auto.plain_step_seconds`) and their judged steps' seconds and
+# pace: a process whose plain step read high kept speculating where SSD lost (batch 4).
 SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens")
 
 
