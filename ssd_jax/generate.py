@@ -439,18 +439,23 @@ def _verdict_key(method, target: Model, draft, sampling: SamplingParams, batch, 
 
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,
                   key, stream, verdict_key) -> GenerateOutput:
+    from ssd_jax.draft.fanout import max_budget
     from ssd_jax.engine import adaptive
     from ssd_jax.engine.ssd import generate_ssd
+    from ssd_jax.engine.ssd_placement import resolve_groups
 
     if not method.adaptive:
         return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
                             **ssd_engine_options(method))
-    # "auto": L from the cost model (the draft-model methods' one, plus SSD's own step overhead
-    # measured on the program's past calls) and the acceptance of their batch's pace (before any:
-    # the remembered acceptance).
+    # "auto": L from the cost model (the draft-model methods' one with the cache build's forwards
+    # where both models share devices, plus SSD's own step overhead measured on the program's past
+    # calls) and the acceptance of their batch's pace (before any: the remembered acceptance).
     start = time.perf_counter()
-    costs = adaptive.measure_costs(target, draft, batch.batch_size, batch.max_length + max_new_tokens // 2,
-                                   method.max_draft_len)
+    context = batch.max_length + max_new_tokens // 2
+    target_devices, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
+    slots = min(method.fanout_budget, max_budget(method.max_draft_len, target.config.vocab_size))
+    costs = ssd_auto.build_priced(adaptive.measure_costs(target, draft, batch.batch_size, context, method.max_draft_len),
+                                  draft, batch.batch_size, context, slots, target_devices == draft_devices)
     memory = adaptive.acceptance_key(target, draft, method, sampling)
     paced = ssd_auto.pace_acceptance(verdict_key)
     acceptance = adaptive.ACCEPTANCE.get(memory) if paced is None else paced

@@ -486,6 +486,36 @@ def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
     assert overhead() == 0.0 and ssd_auto.pace_acceptance(key) is None
 
 
+def test_colocated_ssd_prices_the_cache_build_per_draft_token(monkeypatch):
+    """With both models on one device group, a draft token costs the fallback's forward at B rows
+    and the cache build's at B x slots rows (every slot drafts L deep); on disjoint groups the
+    build overlaps the verification and the costs stay the draft-model methods'. At the forward
+    times of batch 4 on one CPU device (the embedded pair) the build's price moves the first
+    call's length from 5 to 4 (L=5-6 ran 0.80-0.83x AR there, L=4 0.94-1.00x)."""
+    from ssd_jax.engine import adaptive
+
+    asked = []
+
+    def forward_seconds(model, batch, width, context, measure=True):
+        asked.append((model, batch, width, context))
+        return 0.55e-3
+
+    monkeypatch.setattr(adaptive, "forward_seconds", forward_seconds)
+    costs = adaptive.StepCosts(target_fixed=4.34e-3, target_per_token=0.58e-3, draft=0.109e-3)
+    priced = ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=True)
+    assert asked == [("draft", 40, 1, 192)]
+    assert priced.draft == pytest.approx(0.659e-3) and priced.target(3) == costs.target(3)
+    overhead = ssd_auto.PRIOR_OVERHEAD * costs.target(1)
+    prior = adaptive.PRIOR_ACCEPTANCE
+    assert adaptive.choose_draft_len(costs, prior, 6, step_overhead_s=overhead) == 5
+    assert adaptive.choose_draft_len(priced, prior, 6, step_overhead_s=overhead) == 4
+    assert ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=False) is costs
+    assert ssd_auto.build_priced(adaptive.UNMEASURED, "draft", 4, 192, 10, colocated=True) is adaptive.UNMEASURED
+    assert len(asked) == 1
+    monkeypatch.setattr(adaptive, "forward_seconds", lambda *args, **kwargs: None)   # timings not allowed
+    assert ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=True) is costs
+
+
 def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not():
     """The verdict's ratio is over every SSD step of the call (the next call pays the warm-up
     too), but a step that compiled; the step time and pace the length is chosen from, and the
