@@ -2,10 +2,10 @@
 switch to plain decoding when SSD measures slower than the target alone.
 
 The length: the synchronous methods' cost model (`ssd_jax.engine.adaptive.choose_draft_len`)
-with SSD's own cost per step added (`step_overhead`: what its judged steps took beyond the
-model's target(L+1) + L draft forwards, measured on the program's recent calls; one target step
-before the first) and, once a call was judged, the acceptance its batch's pace implies
-(`pace_acceptance`).
+with the draft's cache build priced where both models share devices (`build_priced`), SSD's own
+cost per step added (`step_overhead`: what its judged steps took beyond the model's target(L+1) +
+L draft forwards, measured on the program's recent calls; one target step before the first) and,
+once a call was judged, the acceptance its batch's pace implies (`pace_acceptance`).
 
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
 extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
