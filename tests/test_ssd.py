@@ -646,6 +646,7 @@ def test_a_due_call_ends_with_a_plain_tail_that_times_the_plain_step(models, pro
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
     monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
     monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_EVERY", 2)
+    monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_BAND", 1e9)   # the band: its own test
     monkeypatch.setattr(ssd_auto, "starts_plain", lambda key: False)   # every call runs SSD
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
     got: list[list[int]] = [[] for _ in prompts]
@@ -678,13 +679,19 @@ def test_a_due_call_ends_with_a_plain_tail_that_times_the_plain_step(models, pro
 
 
 def test_plain_tail_due_counts_calls_since_the_plain_step_was_timed(monkeypatch):
+    """Due every PLAIN_TAIL_EVERY calls since the last timing, and only near the break-even: far
+    from it a plain step off by the machine's drift does not turn the verdict."""
     monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_EVERY", 3)
-    assert [ssd_auto.plain_tail_due("key") for _ in range(4)] == [False, False, True, True]
+    due = functools.partial(ssd_auto.plain_tail_due, "key")
+    assert [due(None) for _ in range(4)] == [False, False, True, True]
     assert ssd_auto.observe_plain_run("key", seconds=0.1, steps=ssd_auto.PLAIN_RUN_MIN_STEPS - 1) is None
-    assert ssd_auto.plain_tail_due("key")                      # a run too short to time: still due
+    assert due(np.log(0.9))                                  # a run too short to time: still due
     assert ssd_auto.observe_plain_run("key", seconds=1.6, steps=16) == pytest.approx(0.1)
-    assert [ssd_auto.plain_tail_due("key") for _ in range(3)] == [False, False, True]
-    assert not ssd_auto.plain_tail_due("other")                 # per program
+    assert [due(np.log(1.1)) for _ in range(3)] == [False, False, True]
+    band = np.log(ssd_auto.PLAIN_TAIL_BAND)
+    assert not due(-1.01 * band) and not due(1.01 * band)       # SSD clearly faster, or slower
+    assert due(-0.99 * band)
+    assert not ssd_auto.plain_tail_due("other", None)          # per program
 
 
 # ---------------------------------------------------------------------------------- fan-out

@@ -194,8 +194,8 @@ class _Decode:
             self.plain_key = key
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
-            self.tail_due = ssd_auto.plain_tail_due(key)
             prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
+            self.tail_due = ssd_auto.plain_tail_due(key, prior)
             self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
                                                prior_steps=prior_steps)
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)

@@ -41,7 +41,10 @@ The plain step's time is measured on that very program at a key's first call in 
 chunk runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS;
 their trimmed mean, `plain_step_seconds`); then every call that switched times its plain part
 (`observe_plain_run`), and the step is the median of that first measurement and the last
-PLAIN_RUNS_KEPT plain parts. Timed once, a slow moment of the machine stayed in every later
+PLAIN_RUNS_KEPT plain parts. Where calls run SSD to their end, every PLAIN_TAIL_EVERY-th since
+the step was last timed decodes its last ~PLAIN_CHUNK tokens plainly to time it
+(`plain_tail_due`). A call with a plain part of its own (switched, or a tail) weighs its SSD
+steps against that part for its verdict (`remember`). Timed once, a slow moment of the machine stayed in every later
 verdict (batch 4, one CPU device: 5.9 ms where other processes read 4.5-5.6 ms, and SSD at
 L=5-6 judged faster than plain decoding on calls that ran 0.83-0.99x AR).
 The switch and the length use only timings and past steps, never a step's target probabilities,
@@ -89,7 +92,8 @@ OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
-PLAIN_TAIL_EVERY = 4       # a program's calls between plain timings: the 4th ends plainly (`plain_tail_due`)
+PLAIN_TAIL_EVERY = 4       # a program's calls between plain timings: the 4th ends plainly (`plain_tail_due`) ...
+PLAIN_TAIL_BAND = 1.25     # ... where its calls' cost ratio is within this factor of plain decoding's
 _PLAIN_STEP_S = Recent()
 _PLAIN_RUNS = Recent()
 _CALLS_SINCE_PLAIN = Recent()
@@ -290,19 +294,23 @@ def observe_plain_run(key, seconds: float, steps: int) -> float | None:
     return per_step
 
 
-def plain_tail_due(key) -> bool:
+def plain_tail_due(key, log_ratio: float | None) -> bool:
     """Whether this SSD call of the program `key` (`plain_step_seconds`'s) should decode its last
-    ~PLAIN_CHUNK tokens plainly, to time plain decoding's step beside its own SSD steps: PLAIN_TAIL_EVERY
-    calls ran since the step was last timed (`observe_plain_run`, or measured). Calls that ran SSD
-    to their end never timed it again: this VM's speed moved 10-30% within a minute, and a step
-    timed once read 5.4-5.7 ms at batch 4 where plain runs beside the calls read 4.5-4.8 ms, so
-    calls that ran 0.87x AR were judged 0.87 of plain decoding's cost a token and kept SSD on. The
-    tail's tokens are real output at plain decoding's speed: where SSD runs 1.4x AR, a 16-token
-    tail every 4th 128-token call costs ~1%."""
+    ~PLAIN_CHUNK tokens plainly, to time plain decoding's step beside its own SSD steps: at least
+    PLAIN_TAIL_EVERY calls ran since the step was last timed (`observe_plain_run`, or measured),
+    and the calls' log cost ratio (log_ratio: the switch's prior, `switch_prior`; None: none yet)
+    is within log(PLAIN_TAIL_BAND) of 0, where a plain step off by the machine's drift can turn
+    the verdict. Calls that ran SSD to their end never timed it again: this VM's speed moved
+    10-30% within a minute, and a step timed once read 5.4-5.7 ms at batch 4 where plain runs
+    beside the calls read 4.5-4.8 ms, so calls that ran 0.87x AR were judged 0.87 of plain
+    decoding's cost a token and kept SSD on. The tail's tokens are real output at plain decoding's
+    speed: where SSD ran 1.49x AR (batch 1, held-out code, T=0) tails in every 4th call cost it
+    2-3%, hence the band."""
     with _LOCK:
         count = _CALLS_SINCE_PLAIN.lookup(key, 0) + 1
         _CALLS_SINCE_PLAIN.store(key, count)
-    return count >= PLAIN_TAIL_EVERY
+    near = log_ratio is None or abs(float(log_ratio)) < np.log(PLAIN_TAIL_BAND)
+    return count >= PLAIN_TAIL_EVERY and near
 
 
 def starts_plain(key) -> bool:
