@@ -135,7 +135,8 @@ class _Decode:
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
-        self.tail_due, self.plain_tail = False, False   # `ssd_auto.plain_tail_due`; whether the call ended so
+        self.tail_due = False     # this call ends with a plain tail (`ssd_auto.plain_tail_due`) ...
+        self.plain_tail = False   # ... and did
         self.own_plain_s = None   # plain decoding's step as this call's plain part timed it
         self.verdict_key = verdict_key
         if plan.fallback == "jit":
@@ -351,8 +352,8 @@ class _Decode:
             self.next_speculation(cache, accepted, next_token)
         switch = self.switch
         if switch is not None and self.own_plain_s is not None:
-            # The call's SSD steps against the plain steps it ran itself, minutes nearer than the
-            # key's step (the machine's speed moves).
+            # The call's SSD steps against the plain steps it ran itself, timed beside them (the
+            # key's step may be minutes old, and the machine's speed moves).
             switch.plain_step_s = self.own_plain_s
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
