@@ -85,12 +85,10 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
     return result
 
 
-# SSD "auto" calls that ran SSD also say where they switched to plain decoding or began their
-# plain tail (`ssd_auto.plain_tail_due`), the plain step their verdict used (the key's,
-# `ssd_auto.plain_step_seconds`, or their own plain part's) and their judged steps' seconds and
+# SSD "auto" calls that ran SSD also say where they switched to plain decoding, the plain step
+# they were judged against (`ssd_auto.plain_step_seconds`) and their judged steps' seconds and
 # pace: a process whose plain step read high kept speculating where SSD lost (batch 4).
-SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_tail_at_step", "plain_step_s", "judged_step_s",
-                   "judged_pace_tokens")
+SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens")
 
 
 def call_trace(stats: dict) -> dict:

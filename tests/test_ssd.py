@@ -635,65 +635,6 @@ def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
     assert step() == pytest.approx(0.05)
 
 
-@pytest.mark.parametrize("streaming", [False, True])
-def test_a_due_call_ends_with_a_plain_tail_that_times_the_plain_step(models, prompts, reference, monkeypatch,
-                                                                      streaming):
-    """Every PLAIN_TAIL_EVERY-th SSD call of a program since its plain step was last timed decodes
-    its last ~PLAIN_CHUNK tokens plainly: the tokens are still the AR tokens (streamed as they
-    come), the tail's steps join the key's plain step, and the call's verdict weighs its SSD steps
-    against them (the plain step it reports). The calls between run SSD to their end."""
-    target, draft = models
-    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
-    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_EVERY", 2)
-    monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_BAND", 1e9)   # the band: its own test
-    monkeypatch.setattr(ssd_auto, "starts_plain", lambda key: False)   # every call runs SSD
-    method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
-    got: list[list[int]] = [[] for _ in prompts]
-
-    def sink(tokens, counts):
-        for row in range(len(prompts)):
-            got[row].extend(int(t) for t in tokens[row, : counts[row]])
-
-    def call():
-        got[:] = [[] for _ in prompts]
-        out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft,
-                               stream=sink if streaming else None)
-        assert out.tokens == reference.tokens and (got == out.tokens or not streaming)
-        assert out.stats["switched_to_plain_at_step"] is None
-        return out.stats
-
-    first = call()   # measures the plain step: the count starts there
-    assert first["plain_tail_at_step"] is None and first["ar_fallback_share"] == 0
-    runs = []
-    for _ in range(3):   # the tail's plain program compiles on its first run (not timed), then times
-        stats = call()
-        assert stats["plain_tail_at_step"] is not None and 0 < stats["ar_fallback_share"] < 1
-        runs = ssd_auto._PLAIN_RUNS.lookup(next(iter(ssd_auto._PLAIN_RUNS)), ()) if ssd_auto._PLAIN_RUNS else ()
-        if runs:
-            break
-    assert len(runs) == 1 and stats["plain_step_s"] == pytest.approx(runs[0])
-    between = call()   # the count restarted at the tail
-    assert between["plain_tail_at_step"] is None and between["ar_fallback_share"] == 0
-    assert call()["plain_tail_at_step"] is not None
-
-
-def test_plain_tail_due_counts_calls_since_the_plain_step_was_timed(monkeypatch):
-    """Due every PLAIN_TAIL_EVERY calls since the last timing, and only near the break-even: far
-    from it a plain step off by the machine's drift does not turn the verdict."""
-    monkeypatch.setattr(ssd_auto, "PLAIN_TAIL_EVERY", 3)
-    due = functools.partial(ssd_auto.plain_tail_due, "key")
-    assert [due(None) for _ in range(4)] == [False, False, True, True]
-    assert ssd_auto.observe_plain_run("key", seconds=0.1, steps=ssd_auto.PLAIN_RUN_MIN_STEPS - 1) is None
-    assert due(np.log(0.9))                                  # a run too short to time: still due
-    assert ssd_auto.observe_plain_run("key", seconds=1.6, steps=16) == pytest.approx(0.1)
-    assert [due(np.log(1.1)) for _ in range(3)] == [False, False, True]
-    band = np.log(ssd_auto.PLAIN_TAIL_BAND)
-    assert not due(-1.01 * band) and not due(1.01 * band)       # SSD clearly faster, or slower
-    assert due(-0.99 * band)
-    assert not ssd_auto.plain_tail_due("other", None)          # per program
-
-
 # ---------------------------------------------------------------------------------- fan-out
 
 def test_fanout_allocations():

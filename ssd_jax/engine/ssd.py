@@ -135,9 +135,6 @@ class _Decode:
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
-        self.tail_due = False     # this call ends with a plain tail (`ssd_auto.plain_tail_due`) ...
-        self.plain_tail = False   # ... and did
-        self.own_plain_s = None   # plain decoding's step as this call's plain part timed it
         self.verdict_key = verdict_key
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
@@ -176,7 +173,6 @@ class _Decode:
         packed = np.asarray(packed)
         self.cur = packed[:, steps.OUT_NEXT].astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
-        self.num_out = packed[:, steps.OUT_APPENDED].astype(np.int64)
         if self.stream is not None:
             self.stream(self.cur[:, None], packed[:, steps.OUT_APPENDED])
         d_tokens, d_lengths, d_keys = self.d_inputs
@@ -196,7 +192,6 @@ class _Decode:
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.tstate)
             prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
-            self.tail_due = ssd_auto.plain_tail_due(key, prior)
             self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
                                                prior_steps=prior_steps)
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
@@ -217,7 +212,7 @@ class _Decode:
     def finish_plain(self, cur: np.ndarray) -> None:
         """Decodes the rest of the call plainly: chunk by chunk when streaming (streamed per
         chunk), else in one program. Each run that did not compile times plain decoding's step
-        for the next calls (`ssd_auto.observe_plain_run`) and, the first, for this call's verdict."""
+        for the next calls (`ssd_auto.observe_plain_run`)."""
         self.switched_at = self.tally.steps
         step = self.step
         while not self.done.all():
@@ -226,9 +221,7 @@ class _Decode:
                                                                        rest=self.stream is None)
             appended = np.asarray(appended)
             if self.plain_key is not None and self.run.compile_s == compile_start:
-                per_step = ssd_auto.observe_plain_run(self.plain_key, time.perf_counter() - start,
-                                                      int(np.max(appended)))
-                self.own_plain_s = self.own_plain_s or per_step
+                ssd_auto.observe_plain_run(self.plain_key, time.perf_counter() - start, int(np.max(appended)))
             if self.stream is not None:
                 self.stream(np.asarray(emitted), appended)
             self.done = np.asarray(done).astype(bool)
@@ -292,16 +285,7 @@ class _Decode:
             self.stream(self.emitted, packed[:, steps.OUT_APPENDED])
         self.n_adv = np.where(~self.done, accepted + 1, 0).astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
-        self.num_out += packed[:, steps.OUT_APPENDED]
         return accepted, next_token
-
-    def tail_starts(self) -> bool:
-        """Whether a call due a plain tail (`ssd_auto.plain_tail_due`) ends plainly from here: the
-        row furthest from max_new_tokens has at most PLAIN_CHUNK + L + 1 tokens left (more than
-        PLAIN_CHUNK, as a step adds at most L + 1), so the tail runs at least the steps
-        `ssd_auto.observe_plain_run` times (fewer where rows end early, at an EOS)."""
-        left = int(np.max(np.where(self.done, 0, self.max_new_tokens - self.num_out)))
-        return self.tail_due and left <= ssd_auto.PLAIN_CHUNK + self.plan.num_draft_tokens + 1
 
     def next_speculation(self, cache, accepted: np.ndarray, next_token: np.ndarray) -> None:
         """Step 4: looks every row's outcome up in the cache; the fallback drafts the misses."""
@@ -344,17 +328,11 @@ class _Decode:
                 (mark_s, mark_compile_s), now = self.step_mark, time.perf_counter()
                 self.step_mark = (now, self.run.compile_s)
                 self.switch.record(now - mark_s, accepted + 1, live, compiled=self.run.compile_s != mark_compile_s)
-                slower = self.switch.slower_than_plain()
-                if slower or self.tail_starts():
-                    self.plain_tail = not slower
+                if self.switch.slower_than_plain():
                     self.finish_plain(next_token)
                     break
             self.next_speculation(cache, accepted, next_token)
         switch = self.switch
-        if switch is not None and self.own_plain_s is not None:
-            # The call's SSD steps against the plain steps it ran itself, timed beside them (the
-            # key's step may be minutes old, and the machine's speed moves).
-            switch.plain_step_s = self.own_plain_s
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
             ssd_auto.remember(self.verdict_key, switch.call_ratio(),
@@ -407,9 +385,7 @@ def generate_ssd(
                  cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
                                      if devices_platform(decode.tgroup.devices) == "cpu" else None))
     if auto:
-        extra.update(adaptive=True, planned_draft_len=num_draft_tokens,
-                     switched_to_plain_at_step=None if decode.plain_tail else decode.switched_at,
-                     plain_tail_at_step=decode.switched_at if decode.plain_tail else None,
+        extra.update(adaptive=True, planned_draft_len=num_draft_tokens, switched_to_plain_at_step=decode.switched_at,
                      plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
                      judged_step_s=decode.switch.judged_step_s() if decode.switch is not None else None,
                      judged_pace_tokens=decode.switch.judged_pace() if decode.switch is not None else None,

@@ -41,10 +41,7 @@ The plain step's time is measured on that very program at a key's first call in 
 chunk runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS;
 their trimmed mean, `plain_step_seconds`); then every call that switched times its plain part
 (`observe_plain_run`), and the step is the median of that first measurement and the last
-PLAIN_RUNS_KEPT plain parts. Where calls run SSD to their end, every PLAIN_TAIL_EVERY-th since
-the step was last timed decodes its last ~PLAIN_CHUNK tokens plainly to time it
-(`plain_tail_due`). A call with a plain part of its own (switched, or a tail) weighs its SSD
-steps against that part for its verdict (`remember`). Timed once, a slow moment of the machine stayed in every later
+PLAIN_RUNS_KEPT plain parts. Timed once, a slow moment of the machine stayed in every later
 verdict (batch 4, one CPU device: 5.9 ms where other processes read 4.5-5.6 ms, and SSD at
 L=5-6 judged faster than plain decoding on calls that ran 0.83-0.99x AR).
 The switch and the length use only timings and past steps, never a step's target probabilities,
@@ -92,11 +89,8 @@ OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
-PLAIN_TAIL_EVERY = 4       # a program's calls between plain timings: the 4th ends plainly (`plain_tail_due`) ...
-PLAIN_TAIL_BAND = 1.25     # ... where its calls' cost ratio is within this factor of plain decoding's
 _PLAIN_STEP_S = Recent()
 _PLAIN_RUNS = Recent()
-_CALLS_SINCE_PLAIN = Recent()
 _VERDICTS = PlainVerdicts()
 _LENGTHS_RUN = Recent()
 _LOCK = threading.Lock()
@@ -275,42 +269,18 @@ def plain_step_seconds(key, run_chunk, state) -> float:
     seconds = trimmed_mean(per_step)
     with _LOCK:
         _PLAIN_STEP_S.store(key, seconds)
-        _CALLS_SINCE_PLAIN.store(key, 0)
     return seconds
 
 
-def observe_plain_run(key, seconds: float, steps: int) -> float | None:
-    """A call's plain part under `key` (`plain_step_seconds`'s; a switch or a `plain_tail_due`
-    tail): `seconds` for `steps` plain steps (one run of `ssd_steps.target_plain`, not compiling).
-    Returns its seconds a step, or None for a run left out: fewer than PLAIN_RUN_MIN_STEPS steps
-    (a run's fixed cost would weigh in), or timings not allowed."""
+def observe_plain_run(key, seconds: float, steps: int) -> None:
+    """A switched call's plain part under `key` (`plain_step_seconds`'s): `seconds` for `steps`
+    plain steps (one run of `ssd_steps.target_plain`, not compiling). Runs of fewer than
+    PLAIN_RUN_MIN_STEPS steps are left out (a run's fixed cost would weigh in)."""
     if steps < PLAIN_RUN_MIN_STEPS or not timings_allowed():
-        return None
-    per_step = float(seconds) / steps
+        return
     with _LOCK:
         runs = _PLAIN_RUNS.lookup(key, ())
-        _PLAIN_RUNS.store(key, (*runs, per_step)[-PLAIN_RUNS_KEPT:])
-        _CALLS_SINCE_PLAIN.store(key, 0)
-    return per_step
-
-
-def plain_tail_due(key, log_ratio: float | None) -> bool:
-    """Whether this SSD call of the program `key` (`plain_step_seconds`'s) should decode its last
-    ~PLAIN_CHUNK tokens plainly, to time plain decoding's step beside its own SSD steps: at least
-    PLAIN_TAIL_EVERY calls ran since the step was last timed (`observe_plain_run`, or measured),
-    and the calls' log cost ratio (log_ratio: the switch's prior, `switch_prior`; None: none yet)
-    is within log(PLAIN_TAIL_BAND) of 0, where a plain step off by the machine's drift can turn
-    the verdict. Calls that ran SSD to their end never timed it again: this VM's speed moved
-    10-30% within a minute, and a step timed once read 5.4-5.7 ms at batch 4 where plain runs
-    beside the calls read 4.5-4.8 ms, so calls that ran 0.87x AR were judged 0.87 of plain
-    decoding's cost a token and kept SSD on. The tail's tokens are real output at plain decoding's
-    speed: where SSD ran 1.49x AR (batch 1, held-out code, T=0) tails in every 4th call cost it
-    2-3%, hence the band."""
-    with _LOCK:
-        count = _CALLS_SINCE_PLAIN.lookup(key, 0) + 1
-        _CALLS_SINCE_PLAIN.store(key, count)
-    near = log_ratio is None or abs(float(log_ratio)) < np.log(PLAIN_TAIL_BAND)
-    return count >= PLAIN_TAIL_EVERY and near
+        _PLAIN_RUNS.store(key, (*runs, float(seconds) / steps)[-PLAIN_RUNS_KEPT:])
 
 
 def starts_plain(key) -> bool:
@@ -483,7 +453,6 @@ def forget() -> None:
     _VERDICTS.forget()
     with _LOCK:
         _LENGTHS_RUN.clear()
-        _CALLS_SINCE_PLAIN.clear()
     for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
         means.clear()
 
