@@ -73,6 +73,7 @@ def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
             out.append((key, dict(vs_ar=case["auto_vs_ar"][0], vs_best=case["auto_vs_best_fixed"][0],
                                   best_fixed=case["best_fixed"].split(" ", 1)[-1], stamp=machine["date_utc"],
                                   machine=machine_label(machine), rounds=data["repeats"],
+                                  processes=data.get("processes", 1),
                                   paired="auto_vs_ar_best_of" in case, per_token="round_tokens" in auto,
                                   call_timed=bool(data.get("call_timed")),
                                   file=os.path.basename(path),
@@ -152,12 +153,15 @@ def summary_rows(cells: dict[tuple, dict[str, Any]]) -> list[dict[str, Any]]:
 def _timing(cell: dict[str, Any]) -> str:
     """How a cell's ratios were taken: paired over rounds (of seconds per token where the run kept
     each round's tokens, else of wall times; of whole calls' seconds, host work included, where
-    marked "calls": `spec_harness.timed_generate`, else of the decode programs' runs), or
-    best-of times (older runs)."""
+    marked "calls": `spec_harness.timed_generate`, else of the decode programs' runs; over the
+    rounds of several processes where the file pooled them, `pooled_runs.py`), or best-of times
+    (older runs)."""
     if not cell["paired"]:
         return f"best of {cell['rounds']}"
     calls = ", calls" if cell.get("call_timed") else ""
-    return f"paired{' per token' if cell['per_token'] else ''}{calls}, {cell['rounds']} rounds"
+    processes = cell.get("processes", 1)
+    rounds = f"{processes} processes x {cell['rounds']} rounds" if processes > 1 else f"{cell['rounds']} rounds"
+    return f"paired{' per token' if cell['per_token'] else ''}{calls}, {rounds}"
 
 
 def _span(low: float, high: float, unit: str = "") -> str:

@@ -1,0 +1,178 @@
+"""One `bench_adaptive.py` measurement over several processes, pooled into one results file.
+
+On a shared 2-core VM one process's paired ratios scatter by 2-3% around a cell's value (SSD
+at batch 4 on one CPU device: repeat at T=0 read 0.95x, 0.99x, 1.00x and 1.01x AR in four
+processes of the same code), more than the margins "auto" is judged by. Much of that is fixed per
+process: the calibrations and plain decoding's step are measured once, at a moment of the
+machine's drift. Several processes of the same options, every one kept, give the cell's value
+with that spread inside it: the rounds of all processes are pooled, and each ratio is the median
+over all of them of the same-round ratio (`spec_harness.paired_speedup`), as within one process.
+
+    python benchmarks/pooled_runs.py --processes 3 --out benchmarks/results/adaptive_ssd_b4_pooled \\
+        -- --method ssd --batch 4 --temperatures 0 --lengths 4,6 --repeats 10
+    python benchmarks/pooled_runs.py --pool STEM_process1.json STEM_process2.json ... --out STEM
+
+Runs bench_adaptive.py once per process (its files STEM_processN.json, marked "not_in_table" so
+that `adaptive_summary.py` reads only the pooled STEM.json), then writes STEM.json and STEM.png in
+bench_adaptive.py's format, with `processes` (the count), `process_files` and, per cell,
+`auto_vs_ar_per_process`. --pool pools files already written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import output_stem, write_json  # noqa: E402
+from benchmarks.spec_harness import paired_speedup  # noqa: E402
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_adaptive.py")
+# Per-configuration fields that are lists over one process's rounds: concatenated.
+ROUND_FIELDS = ("round_wall_s", "round_tokens")
+# Per-configuration fields of one process only (per call, or a first call's): left out.
+PROCESS_FIELDS = ("per_call_trace", "first_call", "loop_costs", "acceptance_per_position")
+
+
+class PoolError(ValueError):
+    """Results files that cannot be pooled (not the same measurement)."""
+
+
+def _same(runs: list[dict[str, Any]], name: str, get) -> Any:
+    values = [get(run) for run in runs]
+    if any(v != values[0] for v in values[1:]):
+        raise PoolError(f"runs differ in {name}: {values}")
+    return values[0]
+
+
+def _pooled_config(configs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One configuration over processes: round lists concatenated, numbers averaged over the
+    processes that report them (a process whose "auto" calls all ran AR's program reports no
+    acceptance)."""
+    pooled: dict[str, Any] = {"label": configs[0]["label"]}
+    names = dict.fromkeys(name for c in configs for name in c)
+    for name in names:
+        if name == "label" or name in PROCESS_FIELDS:
+            continue
+        values = [c[name] for c in configs if name in c]
+        if name in ROUND_FIELDS:
+            if len(values) < len(configs):
+                raise PoolError(f"{configs[0]['label']}: a process without {name}")
+            pooled[name] = [float(x) for v in values for x in v]
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            pooled[name] = float(np.mean(values))
+    pooled["timing_repeats"] = len(pooled["round_wall_s"])
+    return pooled
+
+
+def _pooled_case(cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """One cell (set, temperature, batch) over processes, its ratios recomputed on the pooled
+    rounds as bench_adaptive.measure computes them on one process's."""
+    labels = _same(cases, f"configurations of {cases[0]['set']}", lambda c: [e["label"] for e in c["configs"]])
+    configs = [_pooled_config([c["configs"][i] for c in cases]) for i in range(len(labels))]
+    ar = configs[0]
+    for entry in configs:
+        entry["paired_speedup_vs_ar"] = paired_speedup(ar, entry)
+    fixed = [e for e in configs if " L=" in e["label"]]
+    best = max(fixed, key=lambda e: e["paired_speedup_vs_ar"]) if fixed else None
+    autos = [e for e in configs if "auto" in e["label"]]
+    return dict(set=cases[0]["set"], temperature=cases[0]["temperature"], batch_size=cases[0]["batch_size"],
+                prompts=cases[0]["prompts"], configs=configs, best_fixed=best and best["label"],
+                auto_vs_ar=[a["paired_speedup_vs_ar"] for a in autos],
+                auto_vs_best_fixed=[paired_speedup(best, a) for a in autos] if best else None,
+                auto_vs_ar_best_of=[float(np.mean([c["auto_vs_ar_best_of"][i] for c in cases]))
+                                    for i in range(len(autos))],
+                auto_vs_best_fixed_best_of=None,
+                auto_vs_ar_per_process=[c["auto_vs_ar"] for c in cases],
+                auto_vs_best_fixed_per_process=[c["auto_vs_best_fixed"] for c in cases])
+
+
+def pool(runs: list[dict[str, Any]], files: list[str] | None = None) -> dict[str, Any]:
+    """bench_adaptive.py results (one per process, the same options) -> one results dict whose
+    cells' ratios are medians over every process's rounds. Raises PoolError where the runs are
+    not the same measurement (method, options, cells or configurations differ)."""
+    if len(runs) < 2:
+        raise PoolError(f"pooling needs at least 2 runs, got {len(runs)}")
+    for name in ("method", "draft_model", "new_tokens", "repeats", "policy_overrides", "call_timed"):
+        _same(runs, name, lambda run: run.get(name))
+    _same(runs, "machine", lambda run: (run["machine"].get("cpu_model"), run["machine"].get("cores"),
+                                       run["machine"].get("jax_backend"), run["machine"].get("device_kind")))
+    _same(runs, "cells", lambda run: [(c["set"], c["temperature"], c["batch_size"], c["prompts"])
+                                      for c in run["results"]])
+    newest = max(runs, key=lambda run: run["machine"]["date_utc"])
+    pooled = {name: value for name, value in runs[0].items() if name not in ("machine", "results", "not_in_table")}
+    pooled.update(machine=dict(newest["machine"], date_utc_per_process=[r["machine"]["date_utc"] for r in runs]),
+                  processes=len(runs), process_files=list(files or []),
+                  results=[_pooled_case([run["results"][i] for run in runs]) for i in range(len(runs[0]["results"]))])
+    return pooled
+
+
+def pool_files(paths: list[str], out: str, code_state: str | None = None) -> dict[str, Any]:
+    """Pools the results files at paths into out.json and out.png (bench_adaptive's plot);
+    code_state: what code was measured (kept in the file)."""
+    from benchmarks.bench_adaptive import plot
+
+    runs = []
+    for path in paths:
+        with open(path) as f:
+            runs.append(json.load(f))
+    pooled = pool(runs, [os.path.basename(p) for p in paths])
+    if code_state:
+        pooled["code_state"] = code_state
+    write_json(out + ".json", pooled)
+    plot(pooled["results"], out + ".png")
+    return pooled
+
+
+def mark_process(path: str, index: int, count: int, pooled_name: str) -> None:
+    """Marks one process's results file "not_in_table": the table reads the pooled file."""
+    with open(path) as f:
+        data = json.load(f)
+    data["not_in_table"] = f"process {index} of {count} of the pooled run {pooled_name}"
+    write_json(path, data)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--processes", type=int, default=3, help="bench_adaptive.py processes to run (>= 2)")
+    parser.add_argument("--out", required=True, help="the pooled file's stem (STEM.json, STEM.png)")
+    parser.add_argument("--pool", nargs="+", metavar="FILE", help="pool these results files instead of running")
+    parser.add_argument("--code-state", help="what code was measured (a commit), kept in the pooled file")
+    parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then bench_adaptive.py's options")
+    args = parser.parse_args()
+    out = output_stem(args.out)
+    bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    if args.pool:
+        paths = args.pool
+    else:
+        if args.processes < 2:
+            parser.error(f"--processes must be at least 2, got {args.processes}")
+        if any(a == "--out" or a.startswith("--out=") for a in bench_args):
+            parser.error("pass --out to pooled_runs.py, not to bench_adaptive.py")
+        paths = []
+        for index in range(1, args.processes + 1):
+            stem = f"{out}_process{index}"
+            print(f"pooled_runs: process {index} of {args.processes} -> {stem}.json", flush=True)
+            subprocess.run([sys.executable, BENCH, *bench_args, "--out", stem], check=True)
+            mark_process(stem + ".json", index, args.processes, os.path.basename(out) + ".json")
+            paths.append(stem + ".json")
+    try:
+        pooled = pool_files(paths, out, args.code_state)
+    except PoolError as err:
+        raise SystemExit(f"pooled_runs: {err}") from None
+    for case in pooled["results"]:
+        per_process = ", ".join(f"{v[0]:.2f}" for v in case["auto_vs_ar_per_process"])
+        print(f"{case['set']} T={case['temperature']:g} B={case['batch_size']}: auto {case['auto_vs_ar'][0]:.3f}x AR "
+              f"(processes {per_process}), {case['auto_vs_best_fixed'][0]:.3f} of {case['best_fixed']}")
+    print(f"wrote {out}.json and {out}.png")
+
+
+if __name__ == "__main__":
+    main()
