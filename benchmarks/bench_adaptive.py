@@ -133,6 +133,18 @@ def plot(results: list[dict], path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def auto_ratios(entries: list[dict]) -> tuple[dict | None, list[dict], dict]:
+    """(the best fixed setting's entry or None, the "auto" entries, the case's paired ratios:
+    best_fixed, auto_vs_ar, auto_vs_best_fixed) of one case's configurations, each entry with its
+    paired_speedup_vs_ar."""
+    fixed = [e for e in entries if " L=" in e["label"]]   # every fixed setting
+    best = max(fixed, key=lambda e: e["paired_speedup_vs_ar"]) if fixed else None
+    autos = [e for e in entries if "auto" in e["label"]]
+    return best, autos, dict(best_fixed=best and best["label"],
+                             auto_vs_ar=[a["paired_speedup_vs_ar"] for a in autos],
+                             auto_vs_best_fixed=[paired_speedup(best, a) for a in autos] if best else None)
+
+
 def measure(args, target, draft, sizes: list[int], lengths: list[int], thresholds: list[float | None],
             tree_sizes: list[int]) -> list[dict]:
     """Every set x temperature x batch size's case (AR, the fixed settings and auto, paired),
@@ -158,15 +170,11 @@ def measure(args, target, draft, sizes: list[int], lengths: list[int], threshold
                         row[name] = row.get(name, 0.0) / calls   # per-call means
                     entries.append(dict(label=lab, speedup_vs_ar=row["tokens_per_second"] / ar_rate,
                                         paired_speedup_vs_ar=paired_speedup(rows[0], row), **row))
-                fixed = [e for e in entries if " L=" in e["label"]]   # every fixed setting
-                best = max(fixed, key=lambda e: e["paired_speedup_vs_ar"]) if fixed else None
-                autos = [e for e in entries if "auto" in e["label"]]
+                best, autos, ratios = auto_ratios(entries)
                 # auto_vs_*: paired (medians over rounds of same-round ratios, what the README
                 # reports); *_best_of: ratios of the fastest runs, which carry the drift between rounds.
                 case = dict(set=set_name, temperature=temperature, batch_size=batch_size, prompts=len(prompts),
-                            configs=entries, best_fixed=best and best["label"],
-                            auto_vs_ar=[a["paired_speedup_vs_ar"] for a in autos],
-                            auto_vs_best_fixed=[paired_speedup(best, a) for a in autos] if best else None,
+                            configs=entries, **ratios,
                             auto_vs_ar_best_of=[a["speedup_vs_ar"] for a in autos],
                             auto_vs_best_fixed_best_of=[a["tokens_per_second"] / best["tokens_per_second"]
                                                         for a in autos] if best else None)

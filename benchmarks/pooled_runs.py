@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks.bench_adaptive import auto_ratios, plot  # noqa: E402
 from benchmarks.common import output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import paired_speedup  # noqa: E402
 
@@ -74,19 +75,15 @@ def _pooled_config(configs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _pooled_case(cases: list[dict[str, Any]]) -> dict[str, Any]:
     """One cell (set, temperature, batch) over processes, its ratios recomputed on the pooled
-    rounds as bench_adaptive.measure computes them on one process's."""
+    rounds as bench_adaptive.measure computes them on one process's (`auto_ratios`)."""
     labels = _same(cases, f"configurations of {cases[0]['set']}", lambda c: [e["label"] for e in c["configs"]])
     configs = [_pooled_config([c["configs"][i] for c in cases]) for i in range(len(labels))]
     ar = configs[0]
     for entry in configs:
         entry["paired_speedup_vs_ar"] = paired_speedup(ar, entry)
-    fixed = [e for e in configs if " L=" in e["label"]]
-    best = max(fixed, key=lambda e: e["paired_speedup_vs_ar"]) if fixed else None
-    autos = [e for e in configs if "auto" in e["label"]]
+    _, autos, ratios = auto_ratios(configs)
     return dict(set=cases[0]["set"], temperature=cases[0]["temperature"], batch_size=cases[0]["batch_size"],
-                prompts=cases[0]["prompts"], configs=configs, best_fixed=best and best["label"],
-                auto_vs_ar=[a["paired_speedup_vs_ar"] for a in autos],
-                auto_vs_best_fixed=[paired_speedup(best, a) for a in autos] if best else None,
+                prompts=cases[0]["prompts"], configs=configs, **ratios,
                 auto_vs_ar_best_of=[float(np.mean([c["auto_vs_ar_best_of"][i] for c in cases]))
                                     for i in range(len(autos))],
                 auto_vs_best_fixed_best_of=None,
@@ -117,8 +114,6 @@ def pool(runs: list[dict[str, Any]], files: list[str] | None = None) -> dict[str
 def pool_files(paths: list[str], out: str, code_state: str | None = None) -> dict[str, Any]:
     """Pools the results files at paths into out.json and out.png (bench_adaptive's plot);
     code_state: what code was measured (kept in the file)."""
-    from benchmarks.bench_adaptive import plot
-
     runs = []
     for path in paths:
         with open(path) as f:
