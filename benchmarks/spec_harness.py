@@ -86,9 +86,11 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
 
 
 # SSD "auto" calls that ran SSD also say where they switched to plain decoding, the plain step
-# they were judged against (`ssd_auto.plain_step_seconds`) and their judged steps' seconds and
-# pace: a process whose plain step read high kept speculating where SSD lost (batch 4).
-SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens")
+# they were judged against (`ssd_auto.plain_step_seconds`), their judged steps' seconds and
+# pace, and the pace over all their SSD steps: a process whose plain step read high kept
+# speculating where SSD lost (batch 4).
+SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens",
+                   "call_pace_tokens")
 
 
 def call_trace(stats: dict) -> dict:

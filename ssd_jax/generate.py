@@ -471,7 +471,7 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
     observed = adaptive.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
     adaptive.ACCEPTANCE.update(memory, observed)
     if out.stats.get("judged_step_s") is not None:
-        ssd_auto.remember_step(verdict_key, draft_len, out.stats["judged_step_s"], out.stats["judged_pace_tokens"],
+        ssd_auto.remember_step(verdict_key, draft_len, out.stats["judged_step_s"], out.stats["call_pace_tokens"],
                                costs.spec_step(draft_len))
     out.stats.update(observed_acceptance=observed, cost_measure_time_s=out.stats["cost_measure_time_s"] + measure_s)
     return out

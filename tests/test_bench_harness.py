@@ -134,9 +134,11 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
         length=4, paths=2, wall_s=0.5, compile_s=0.0, target_calls=3, tokens=8)
     # SSD's call: where it switched (None: it did not), the plain step it was judged against.
     ssd = dict(method="ssd", adaptive=True, planned_draft_len=4, switched_to_plain_at_step=None, plain_step_s=0.005,
-               judged_step_s=0.015, judged_pace_tokens=3.5, wall_time_s=0.5, target_calls=40, num_generated_tokens=128)
+               judged_step_s=0.015, judged_pace_tokens=3.5, call_pace_tokens=3.0, wall_time_s=0.5, target_calls=40,
+               num_generated_tokens=128)
     assert spec_harness.call_trace(ssd) == dict(length=4, wall_s=0.5, compile_s=0.0, target_calls=40, tokens=128,
-                                                plain_step_s=0.005, judged_step_s=0.015, judged_pace_tokens=3.5)
+                                                plain_step_s=0.005, judged_step_s=0.015, judged_pace_tokens=3.5,
+                                                call_pace_tokens=3.0)
     assert spec_harness.call_trace(dict(ssd, switched_to_plain_at_step=14))["switched_to_plain_at_step"] == 14
 
 

@@ -296,6 +296,52 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
     assert calls_until_probe() == 2
 
 
+def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
+    """A plain verdict's calls between probes are at least the probe's cost over PROBE_BUDGET
+    (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces
+    probes 20 calls apart at a 1% budget; near the break-even they stay PROBE_EVERY apart, and
+    the backoff's doubling never goes below the cost's spacing."""
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 32)
+    monkeypatch.setattr(ssd_auto, "PROBE_BUDGET", 0.01)
+    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)
+    key = ("program", "dear probes")
+
+    def calls_until_probe() -> int:
+        n = 1
+        while ssd_auto.starts_plain(key):
+            n += 1
+        return n
+
+    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)
+    assert calls_until_probe() == 20
+    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)    # slower again: doubled, up to the most
+    assert calls_until_probe() == 32
+    ssd_auto.remember(key, 1.05, 1.05, probe_cost=0.004)  # near the break-even: every 4th call
+    assert calls_until_probe() == 4
+    ssd_auto.remember(key, 1.05, 1.05, probe_cost=0.09)   # no backoff, but a dearer probe
+    assert calls_until_probe() == 9
+    ssd_auto.forget()
+
+
+def test_probe_cost_is_the_ssd_part_s_excess_over_plain_decoding():
+    """`PlainSwitch.probe_cost`: the SSD steps' seconds over plain decoding's for the same tokens,
+    as a share of a plain call of call_tokens steps; 0 where SSD paid; and `call_pace` counts
+    the warm-up steps that the judged pace leaves out."""
+    switch = ssd_auto.PlainSwitch(plain_step_s=0.01, call_tokens=100)
+    for step in range(ssd_auto.WARMUP_STEPS + 4):
+        switch.record(0.03, 2.0 if step < ssd_auto.WARMUP_STEPS else 4.0)
+    tokens = 2.0 * ssd_auto.WARMUP_STEPS + 16.0
+    seconds = 0.03 * (ssd_auto.WARMUP_STEPS + 4)
+    assert switch.probe_cost() == pytest.approx((seconds - 0.01 * tokens) / (0.01 * 100))
+    assert switch.call_pace() == pytest.approx(tokens / (ssd_auto.WARMUP_STEPS + 4))
+    assert switch.judged_pace() == pytest.approx(4.0)
+    fast = ssd_auto.PlainSwitch(plain_step_s=0.1, call_tokens=100)
+    fast.record(0.03, 2.0)
+    assert fast.probe_cost() == 0.0
+    assert ssd_auto.PlainSwitch(plain_step_s=0.01).probe_cost() == 0.0   # no horizon known
+
+
 def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference, monkeypatch):
     """Past PROBE_LENGTHS lengths, a probe (SSD run again while its program's calls start plain)
     keeps to the lengths its key ran, whose programs are compiled, unless the cost model predicts
@@ -586,11 +632,13 @@ def test_batch_pace_takes_back_the_window_s_chance_lag_but_not_a_slow_row():
     assert judged(128, steady).pace() == pytest.approx(1.0)
 
 
-def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_compiling_one(monkeypatch):
-    """The plain step that SSD's running mean is judged against: the first (compiling) run left
-    out, the trimmed mean of the next PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast
-    run does not set it (the best of the runs did, which made SSD that paid look slower)."""
-    seconds_per_run = iter([9.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8])   # 16 steps a run
+def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_first_ones(monkeypatch):
+    """The plain step that SSD's running mean is judged against: the first PLAIN_UNTIMED_RUNS
+    runs (the first compiles, the next reads slow) left out, the trimmed mean of the next
+    PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast run does not set it (the best of
+    the runs did, which made SSD that paid look slower)."""
+    seconds_per_run = iter([9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8])   # 16 steps a run
+    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 2)
     clock = {"now": 0.0}
 
     def run_chunk(state):
@@ -612,6 +660,7 @@ def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
     monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
     monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
     monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
+    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 1)
     runs = iter([1.0, 1.6, 1.6])   # 16 steps a run: 0.1 s a step after the compiling run
     clock = {"now": 0.0}
 

@@ -65,11 +65,11 @@ class PlainVerdicts:
     def remember(self, key, plain: bool, back_off: bool, first: int, most: int) -> None:
         """The verdict of a call that ran the adaptive program: plain (it did not pay); back_off:
         a plain verdict that may double the calls between probes, when the verdict before was
-        plain too (else they are `first`, at most `most`)."""
+        plain too (else they are `first`); never fewer than `first`, nor more than `most`."""
         with self._lock:
             before = self._values.lookup(key)
             doubled = plain and back_off and before is not None and before[0]
-            interval = min(2 * before[2], most) if doubled else first
+            interval = min(max(2 * before[2], first), most) if doubled else first
             self._values.store(key, (bool(plain), 0, interval))
 
     def forget(self) -> None:

@@ -337,7 +337,7 @@ class _Decode:
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
             ssd_auto.remember(self.verdict_key, switch.call_ratio(),
                               switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None,
-                              self.plan.num_draft_tokens)
+                              self.plan.num_draft_tokens, probe_cost=switch.probe_cost())
 
 
 def generate_ssd(
@@ -389,6 +389,7 @@ def generate_ssd(
                      plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
                      judged_step_s=decode.switch.judged_step_s() if decode.switch is not None else None,
                      judged_pace_tokens=decode.switch.judged_pace() if decode.switch is not None else None,
+                     call_pace_tokens=decode.switch.call_pace() if decode.switch is not None else None,
                      cost_measure_time_s=decode.measure_s)
     out = generate_output("ssd", outputs.out, outputs.num_out, outputs.finish, counters, wall,
                              decode.run.compile_s, extra)

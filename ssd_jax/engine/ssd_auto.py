@@ -77,6 +77,8 @@ DECAY = 0.85
 PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
+# A plain verdict's calls between probes: at least the probe's cost over this share (`remember`).
+PROBE_BUDGET = 0.01
 PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
 NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
 # SSD's step overhead before a program's first judged call, in target steps (measured on one CPU
@@ -87,6 +89,7 @@ PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged 
 OTHER_LENGTH_PRIOR_STEPS = 2   # ... and of other lengths' where the call's length has none
 OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
+PLAIN_UNTIMED_RUNS = 2   # the chunk program's first runs (the first compiles), not timed
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
 _PLAIN_STEP_S = Recent()
@@ -218,6 +221,20 @@ class PlainSwitch:
         """The batch's pace over the call's judged steps, tokens per step (None: none judged)."""
         return self.judged_pace_tokens / self.steps if self.steps else None
 
+    def call_pace(self) -> float | None:
+        """The batch's pace over all the call's SSD steps but those that compiled, tokens per step
+        (None: none); what the length's acceptance is taken from (`remember_step`)."""
+        return self.spent_pace_tokens / self.spent_steps if self.spent_steps else None
+
+    def probe_cost(self) -> float:
+        """What running SSD cost this call over plain decoding, as a share of a plain call of
+        call_tokens steps: (`call_ratio` - 1) x the share of the call's tokens SSD decoded, never
+        below 0 (0.0 where call_tokens is not known). What the next probe of a plain verdict is
+        expected to cost (`remember`)."""
+        if self.call_tokens <= 0:
+            return 0.0
+        return max(self.call_ratio() - 1.0, 0.0) * min(self.spent_pace_tokens / self.call_tokens, 1.0)
+
     def judged_ratio(self) -> float:
         """SSD's seconds per token over plain decoding's over the call's judged steps (its steady
         state, which the next calls' switch weighs its window against); 1.0 before any."""
@@ -246,8 +263,9 @@ class PlainSwitch:
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
-    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: a first run (it
-    compiles), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not their best: SSD's side of the
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: PLAIN_UNTIMED_RUNS
+    runs (the first compiles; on one CPU device the runs right after it read 4.3 and 4.1 ms a step
+    where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not their best: SSD's side of the
     comparison is a running mean of its steps, and against the best of two plain runs a call
     that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU device: fixed L=4 1.06x and
     1.09x AR in two processes) was judged slower and decoded 99% of its steps plainly (0.95x and
@@ -258,13 +276,13 @@ def plain_step_seconds(key, run_chunk, state) -> float:
         if known is not None:
             return float(np.median([known, *_PLAIN_RUNS.lookup(key, ())]))
     per_step = []
-    for run in range(PLAIN_TIMED_RUNS + 1):   # the first run compiles
+    for run in range(PLAIN_UNTIMED_RUNS + PLAIN_TIMED_RUNS):
         copy = jax.tree.map(jnp.copy, state)
         jax.block_until_ready(copy)
         start = time.perf_counter()
         out = jax.block_until_ready(run_chunk(copy))
         steps = max(int(np.max(np.asarray(out[1]))), 1)
-        if run:
+        if run >= PLAIN_UNTIMED_RUNS:
             per_step.append((time.perf_counter() - start) / steps)
     seconds = trimmed_mean(per_step)
     with _LOCK:
@@ -412,7 +430,12 @@ def pace_acceptance(key) -> float | None:
 def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float, model_step_s: float) -> None:
     """A judged call at draft_len: its mean judged step seconds against the cost model's step at
     that length (the difference, never below 0, joins `step_overhead`) and its batch's pace in
-    tokens per step (joins `pace_acceptance`)."""
+    tokens per step over all its SSD steps, the warm-up's included (`PlainSwitch.call_pace`;
+    joins `pace_acceptance`). Not the judged steps' pace: a call's first steps accept less (the
+    slowest of 4 rows 2-3 tokens a step at L=4 where it later made 5), and the length is chosen
+    for whole calls (batch 4, short prompts, T=0, one CPU device: 5.0 tokens a step over the
+    judged steps at L=6, 4.0 over the call; L=6 was chosen where fixed L=4 ran 1.00x AR and
+    "auto" 0.97x)."""
     accepted = acceptance_for_tokens(pace_tokens, draft_len)
     _OVERHEADS.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
     _PACE_ACCEPTANCE.add(key, accepted)
@@ -429,23 +452,29 @@ def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
     return 0.5 * (low + high)
 
 
-def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int | None = None) -> None:
+def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int | None = None,
+             probe_cost: float = 0.0) -> None:
     """A call at draft_len (None: not told) that ran at least MIN_STEPS SSD steps (or switched),
     with its `PlainSwitch.call_ratio` and `judged_ratio` (None: too few judged steps, the switch's
-    prior is left as it was; else it joins the key's and the length's, `prior_log_ratio`). The
-    next calls start plain (`starts_plain`) while the key's mean log call ratio over recent calls
-    is above 0; a probe after which that mean is at least log(BACKOFF_RATIO) doubles the calls
-    between probes; any other verdict sets them to PROBE_EVERY. A call too short for the switch
-    to judge (fewer than WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls
-    cannot switch either, and start plain if SSD's calls lost."""
+    prior is left as it was; else it joins the key's and the length's, `prior_log_ratio`) and
+    its `probe_cost`. The next calls start plain (`starts_plain`) while the key's mean log call
+    ratio over recent calls is above 0; a probe after which that mean is at least
+    log(BACKOFF_RATIO) doubles the calls between probes; any other plain verdict sets them to
+    PROBE_EVERY. Either way, they are at least probe_cost / PROBE_BUDGET (at most
+    PROBE_EVERY_MAX): where SSD loses by much, a probe is dear (batch 8, one CPU device: a probe
+    ran SSD for its first 14 steps at 0.54-0.79x AR and its call took 1.3-1.4x AR's, ~4% of the
+    eight calls between probes), so probes come less often, and near the break-even they cost
+    little and come every PROBE_EVERY calls. A call too short for the switch to judge (fewer than
+    WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot switch either,
+    and start plain if SSD's calls lost."""
     mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
     if judged_ratio is not None:
         steady = float(np.log(max(judged_ratio, 1e-9)))
         _STEADY_RATIOS.add(key, steady)
         if draft_len is not None:
             _STEADY_RATIOS.add((key, int(draft_len)), steady)
-    _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=PROBE_EVERY,
-                       most=PROBE_EVERY_MAX)
+    first = min(max(PROBE_EVERY, int(np.ceil(max(float(probe_cost), 0.0) / PROBE_BUDGET))), PROBE_EVERY_MAX)
+    _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
 
 
 def forget() -> None:
