@@ -324,22 +324,19 @@ def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     ssd_auto.forget()
 
 
-def test_probe_cost_is_the_ssd_part_s_excess_over_plain_decoding():
-    """`PlainSwitch.probe_cost`: the SSD steps' seconds over plain decoding's for the same tokens,
-    as a share of a plain call of call_tokens steps; 0 where SSD paid; and `call_pace` counts
-    the warm-up steps that the judged pace leaves out."""
+def test_probe_cost_is_the_call_s_excess_over_plain_decoding():
+    """`PlainSwitch.probe_cost`: the call's seconds over call_tokens plain steps', as a share of
+    the latter; 0 where SSD paid or no horizon is known; and `call_pace` counts the warm-up steps
+    that the judged pace leaves out."""
     switch = ssd_auto.PlainSwitch(plain_step_s=0.01, call_tokens=100)
     for step in range(ssd_auto.WARMUP_STEPS + 4):
         switch.record(0.03, 2.0 if step < ssd_auto.WARMUP_STEPS else 4.0)
+    assert switch.probe_cost(1.25) == pytest.approx(0.25)
+    assert switch.probe_cost(0.8) == 0.0
+    assert ssd_auto.PlainSwitch(plain_step_s=0.01).probe_cost(1.25) == 0.0
     tokens = 2.0 * ssd_auto.WARMUP_STEPS + 16.0
-    seconds = 0.03 * (ssd_auto.WARMUP_STEPS + 4)
-    assert switch.probe_cost() == pytest.approx((seconds - 0.01 * tokens) / (0.01 * 100))
     assert switch.call_pace() == pytest.approx(tokens / (ssd_auto.WARMUP_STEPS + 4))
     assert switch.judged_pace() == pytest.approx(4.0)
-    fast = ssd_auto.PlainSwitch(plain_step_s=0.1, call_tokens=100)
-    fast.record(0.03, 2.0)
-    assert fast.probe_cost() == 0.0
-    assert ssd_auto.PlainSwitch(plain_step_s=0.01).probe_cost() == 0.0   # no horizon known
 
 
 def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference, monkeypatch):

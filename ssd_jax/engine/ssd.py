@@ -332,12 +332,17 @@ class _Decode:
                     self.finish_plain(next_token)
                     break
             self.next_speculation(cache, accepted, next_token)
+
+    def remember_verdict(self, call_s: float) -> None:
+        """The call's verdict for the next calls of its program (`ssd_auto.remember`), "auto" with
+        a key, once it ran MIN_STEPS SSD steps or switched; call_s: its seconds end to end, compiles
+        and the plain step's timing left out (what a probe like it costs, `PlainSwitch.probe_cost`)."""
         switch = self.switch
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
             ssd_auto.remember(self.verdict_key, switch.call_ratio(),
                               switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None,
-                              self.plan.num_draft_tokens, probe_cost=switch.probe_cost())
+                              self.plan.num_draft_tokens, probe_cost=switch.probe_cost(call_s))
 
 
 def generate_ssd(
@@ -375,6 +380,7 @@ def generate_ssd(
     outputs, counters = jax.device_get((decode.tstate["outputs"], decode.tstate["counters"]))
     jax.block_until_ready(decode.dstate)  # the last build: its work belongs to this call
     wall = time.perf_counter() - start - decode.run.compile_s - decode.measure_s
+    decode.remember_verdict(wall)
 
     extra = dict(num_draft_tokens_per_step=num_draft_tokens, fanout_budget=fanout_budget, fanout_strategy=fanout,
                  fanout=list(map(int, decode.layout.fanout)), fanout_acceptance_estimate=estimator.acceptance(),

@@ -226,14 +226,16 @@ class PlainSwitch:
         (None: none); what the length's acceptance is taken from (`remember_step`)."""
         return self.spent_pace_tokens / self.spent_steps if self.spent_steps else None
 
-    def probe_cost(self) -> float:
-        """What running SSD cost this call over plain decoding, as a share of a plain call of
-        call_tokens steps: (`call_ratio` - 1) x the share of the call's tokens SSD decoded, never
-        below 0 (0.0 where call_tokens is not known). What the next probe of a plain verdict is
-        expected to cost (`remember`)."""
+    def probe_cost(self, call_s: float) -> float:
+        """What running SSD cost a call of call_s seconds (end to end, compiles left out) over
+        plain decoding, as a share of call_tokens plain steps; never below 0 (0.0 where
+        call_tokens is not known). What the next probe of a plain verdict is expected to cost
+        (`remember`). The whole call, not its SSD steps' excess: at batch 8 on one CPU device a
+        probe's call took 1.26x a plain one (the draft's prefill, the first speculation, 14 SSD
+        steps, the switch) where its SSD steps' excess came to ~0.08 of it."""
         if self.call_tokens <= 0:
             return 0.0
-        return max(self.call_ratio() - 1.0, 0.0) * min(self.spent_pace_tokens / self.call_tokens, 1.0)
+        return max(float(call_s) / (self.plain_step_s * self.call_tokens) - 1.0, 0.0)
 
     def judged_ratio(self) -> float:
         """SSD's seconds per token over plain decoding's over the call's judged steps (its steady
@@ -462,9 +464,9 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
     log(BACKOFF_RATIO) doubles the calls between probes; any other plain verdict sets them to
     PROBE_EVERY. Either way, they are at least probe_cost / PROBE_BUDGET (at most
     PROBE_EVERY_MAX): where SSD loses by much, a probe is dear (batch 8, one CPU device: a probe
-    ran SSD for its first 14 steps at 0.54-0.79x AR and its call took 1.3-1.4x AR's, ~4% of the
-    eight calls between probes), so probes come less often, and near the break-even they cost
-    little and come every PROBE_EVERY calls. A call too short for the switch to judge (fewer than
+    ran SSD for its first 14-18 steps at 0.4-0.6x AR and its call took 1.1-1.3x a plain one, 2-4%
+    of the eight calls between probes), so probes come less often, and near the break-even they
+    cost little and come every PROBE_EVERY calls. A call too short for the switch to judge (fewer than
     WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot switch either,
     and start plain if SSD's calls lost."""
     mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
