@@ -16,6 +16,18 @@ Runs bench_adaptive.py once per process (its files STEM_processN.json, marked "n
 that `adaptive_summary.py` reads only the pooled STEM.json), then writes STEM.json and STEM.png in
 bench_adaptive.py's format, with `processes` (the count), `process_files` and, per cell,
 `auto_vs_ar_per_process`. --pool pools files already written.
+
+To compare code versions, give --checkouts NAME=DIR ... (git worktrees of the commits to
+compare): each process round runs bench_adaptive.py from every checkout in turn (process 1 of
+each, then process 2 of each, ...), so that the versions meet the machine's drift alike, and
+each checkout's processes are pooled into STEM_NAME.json (its commit kept as code_state); the
+cells' "auto" ratios are then printed side by side. The machine's speed moves enough between
+sessions (fixed L=4 of SSD at batch 4 read 0.87-0.95x AR one session, 0.93-1.00x the one before)
+that a version measured one day is not comparable with another measured the next.
+
+    git worktree add /tmp/old HEAD~1
+    python benchmarks/pooled_runs.py --processes 3 --out /tmp/ab/ssd_b4 --checkouts old=/tmp/old new=. \
+        -- --method ssd --batch 4 --temperatures 0 --lengths 4,6 --repeats 10
 """
 
 from __future__ import annotations
@@ -35,7 +47,6 @@ from benchmarks.bench_adaptive import auto_ratios, plot  # noqa: E402
 from benchmarks.common import output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import paired_speedup  # noqa: E402
 
-BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_adaptive.py")
 # Per-configuration fields that are lists over one process's rounds: concatenated.
 ROUND_FIELDS = ("round_wall_s", "round_tokens")
 # Per-configuration fields of one process only (per call, or a first call's): left out.
@@ -134,39 +145,94 @@ def mark_process(path: str, index: int, count: int, pooled_name: str) -> None:
     write_json(path, data)
 
 
+def run_processes(bench_args: list[str], stems: dict[str, str], checkouts: dict[str, str], count: int,
+                  run=subprocess.run) -> dict[str, list[str]]:
+    """count processes of bench_adaptive.py per checkout (name -> repository folder), interleaved
+    (process 1 of every checkout, then process 2, ...), each writing stems[name] + "_processN"
+    .json and marked "not_in_table"; returns each checkout's files in order. run: what starts a
+    process (subprocess.run's signature; tests pass their own)."""
+    paths: dict[str, list[str]] = {name: [] for name in checkouts}
+    for index in range(1, count + 1):
+        for name, folder in checkouts.items():
+            stem = f"{stems[name]}_process{index}"
+            label = f" ({name})" if len(checkouts) > 1 else ""
+            print(f"pooled_runs: process {index} of {count}{label} -> {stem}.json", flush=True)
+            bench = os.path.join(os.path.abspath(folder), "benchmarks", "bench_adaptive.py")
+            run([sys.executable, bench, *bench_args, "--out", stem], check=True, cwd=folder)
+            mark_process(stem + ".json", index, count, os.path.basename(stems[name]) + ".json")
+            paths[name].append(stem + ".json")
+    return paths
+
+
+def parse_checkouts(specs: list[str] | None) -> dict[str, str]:
+    """NAME=DIR pairs (each DIR a checkout of this repository) -> {name: folder}; none: this one."""
+    if not specs:
+        return {"": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    checkouts = {}
+    for spec in specs:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not folder:
+            raise PoolError(f"--checkouts takes NAME=DIR, got {spec!r}")
+        if name in checkouts:
+            raise PoolError(f"--checkouts names {name!r} twice")
+        if not os.path.isfile(os.path.join(folder, "benchmarks", "bench_adaptive.py")):
+            raise PoolError(f"--checkouts {name}: {folder!r} has no benchmarks/bench_adaptive.py")
+        checkouts[name] = folder
+    return checkouts
+
+
+def _commit(folder: str) -> str | None:
+    """The checked-out commit of folder (short hash), None where git cannot tell."""
+    try:
+        out = subprocess.run(["git", "-C", folder, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--processes", type=int, default=3, help="bench_adaptive.py processes to run (>= 2)")
     parser.add_argument("--out", required=True, help="the pooled file's stem (STEM.json, STEM.png)")
     parser.add_argument("--pool", nargs="+", metavar="FILE", help="pool these results files instead of running")
     parser.add_argument("--code-state", help="what code was measured (a commit), kept in the pooled file")
+    parser.add_argument("--checkouts", nargs="+", metavar="NAME=DIR",
+                        help="run every process from each of these checkouts, interleaved, one pooled file each")
     parser.add_argument("bench_args", nargs=argparse.REMAINDER, help="-- then bench_adaptive.py's options")
     args = parser.parse_args()
     out = output_stem(args.out)
     bench_args = args.bench_args[1:] if args.bench_args[:1] == ["--"] else args.bench_args
+    try:
+        checkouts = parse_checkouts(args.checkouts)
+    except PoolError as err:
+        parser.error(str(err))
     if args.pool:
-        paths = args.pool
+        if args.checkouts:
+            parser.error("--pool pools files already written: it takes no --checkouts")
+        groups = {"": args.pool}
+        stems = {"": out}
     else:
         if args.processes < 2:
             parser.error(f"--processes must be at least 2, got {args.processes}")
         if any(a == "--out" or a.startswith("--out=") for a in bench_args):
             parser.error("pass --out to pooled_runs.py, not to bench_adaptive.py")
-        paths = []
-        for index in range(1, args.processes + 1):
-            stem = f"{out}_process{index}"
-            print(f"pooled_runs: process {index} of {args.processes} -> {stem}.json", flush=True)
-            subprocess.run([sys.executable, BENCH, *bench_args, "--out", stem], check=True)
-            mark_process(stem + ".json", index, args.processes, os.path.basename(out) + ".json")
-            paths.append(stem + ".json")
-    try:
-        pooled = pool_files(paths, out, args.code_state)
-    except PoolError as err:
-        raise SystemExit(f"pooled_runs: {err}") from None
-    for case in pooled["results"]:
-        per_process = ", ".join(f"{v[0]:.2f}" for v in case["auto_vs_ar_per_process"])
-        print(f"{case['set']} T={case['temperature']:g} B={case['batch_size']}: auto {case['auto_vs_ar'][0]:.3f}x AR "
-              f"(processes {per_process}), {case['auto_vs_best_fixed'][0]:.3f} of {case['best_fixed']}")
-    print(f"wrote {out}.json and {out}.png")
+        # absolute: each process runs in its checkout's folder
+        stems = {name: os.path.abspath(f"{out}_{name}" if name else out) for name in checkouts}
+        groups = run_processes(bench_args, stems, checkouts, args.processes)
+    for name, paths in groups.items():
+        code_state = args.code_state if not args.checkouts else _commit(checkouts[name])
+        try:
+            pooled = pool_files(paths, stems[name], code_state)
+        except PoolError as err:
+            raise SystemExit(f"pooled_runs: {err}") from None
+        label = f"{name}: " if name else ""
+        for case in pooled["results"]:
+            per_process = ", ".join(f"{v[0]:.2f}" for v in case["auto_vs_ar_per_process"])
+            print(f"{label}{case['set']} T={case['temperature']:g} B={case['batch_size']}: auto "
+                  f"{case['auto_vs_ar'][0]:.3f}x AR (processes {per_process}), {case['auto_vs_best_fixed'][0]:.3f} of "
+                  f"{case['best_fixed']}")
+        print(f"wrote {stems[name]}.json and {stems[name]}.png")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,38 @@ def test_the_table_reads_the_pooled_file_and_not_its_processes(tmp_path):
     assert cell["vs_ar"] == pytest.approx(1.0) and cell["processes"] == 2
     (row,) = summary.summary_rows(cells)
     assert row["timing"] == ["paired per token, calls, 2 processes x 3 rounds"]
+
+
+def test_checkouts_run_interleaved_and_pool_one_file_each(tmp_path):
+    """--checkouts: process 1 of every checkout, then process 2 of each, each from its own
+    folder; one pooled file per checkout from its own processes only."""
+    folders = {}
+    for name in ("old", "new"):
+        (tmp_path / name / "benchmarks").mkdir(parents=True)
+        (tmp_path / name / "benchmarks" / "bench_adaptive.py").write_text("")
+        folders[name] = str(tmp_path / name)
+    checkouts = pooled_runs.parse_checkouts([f"old={folders['old']}", f"new={folders['new']}"])
+    ran = []
+
+    def run(command, check, cwd):
+        ran.append((cwd, command[1], command[-1]))
+        speed = 0.9 if cwd == folders["old"] else 1.1
+        with open(command[-1] + ".json", "w") as f:
+            json.dump(_run([speed] * 3, [0.8] * 3, "2026-11-29T02:00"), f)
+
+    stems = {name: str(tmp_path / f"ab_{name}") for name in checkouts}
+    paths = pooled_runs.run_processes(["--batch", "4"], stems, checkouts, 2, run=run)
+    assert [(cwd, stem[-len("ab_old_process1"):]) for cwd, _, stem in ran] == [
+        (folders["old"], "ab_old_process1"), (folders["new"], "ab_new_process1"),
+        (folders["old"], "ab_old_process2"), (folders["new"], "ab_new_process2")]
+    assert all(bench == f"{cwd}/benchmarks/bench_adaptive.py" for cwd, bench, _ in ran)
+    for name, speed in (("old", 0.9), ("new", 1.1)):
+        pooled = pooled_runs.pool_files(paths[name], stems[name])
+        assert pooled["results"][0]["auto_vs_ar"][0] == pytest.approx(speed)
+        assert all(json.load(open(p))["not_in_table"].endswith(f"ab_{name}.json") for p in paths[name])
+
+
+@pytest.mark.parametrize("spec, problem", [("old", "NAME=DIR"), ("=x", "NAME=DIR"), ("a=/nonexistent", "no benchmarks")])
+def test_bad_checkouts_are_refused(spec, problem):
+    with pytest.raises(pooled_runs.PoolError, match=problem):
+        pooled_runs.parse_checkouts([spec])

@@ -297,13 +297,13 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
 
 
 def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
-    """A plain verdict's calls between probes are at least the probe's cost over PROBE_BUDGET
+    """A plain verdict's calls between probes are at least the probe's cost over PROBE_OVERHEAD
     (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces
     probes 20 calls apart at a 1% budget; near the break-even they stay PROBE_EVERY apart, and
     the backoff's doubling never goes below the cost's spacing."""
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 32)
-    monkeypatch.setattr(ssd_auto, "PROBE_BUDGET", 0.01)
+    monkeypatch.setattr(ssd_auto, "PROBE_OVERHEAD", 0.01)
     monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)
     key = ("program", "dear probes")
 

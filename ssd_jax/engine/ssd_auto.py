@@ -77,8 +77,9 @@ DECAY = 0.85
 PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
-# A plain verdict's calls between probes: at least the probe's cost over this share (`remember`).
-PROBE_BUDGET = 0.01
+# A plain verdict's calls between probes: at least the probe's cost over this share (`remember`;
+# the per-call choice's probes keep to the same, `ssd_jax.engine.per_call.PROBE_OVERHEAD`).
+PROBE_OVERHEAD = 0.01
 PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
 NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
 # SSD's step overhead before a program's first judged call, in target steps (measured on one CPU
@@ -462,7 +463,7 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
     its `probe_cost`. The next calls start plain (`starts_plain`) while the key's mean log call
     ratio over recent calls is above 0; a probe after which that mean is at least
     log(BACKOFF_RATIO) doubles the calls between probes; any other plain verdict sets them to
-    PROBE_EVERY. Either way, they are at least probe_cost / PROBE_BUDGET (at most
+    PROBE_EVERY. Either way, they are at least probe_cost / PROBE_OVERHEAD (at most
     PROBE_EVERY_MAX): where SSD loses by much, a probe is dear (batch 8, one CPU device: a probe
     ran SSD for its first 14-18 steps at 0.4-0.6x AR and its call took 1.1-1.3x a plain one, 2-4%
     of the eight calls between probes), so probes come less often, and near the break-even they
@@ -475,7 +476,8 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
         _STEADY_RATIOS.add(key, steady)
         if draft_len is not None:
             _STEADY_RATIOS.add((key, int(draft_len)), steady)
-    first = min(max(PROBE_EVERY, int(np.ceil(max(float(probe_cost), 0.0) / PROBE_BUDGET))), PROBE_EVERY_MAX)
+    apart = int(np.ceil(round(max(float(probe_cost), 0.0) / PROBE_OVERHEAD, 6)))
+    first = min(max(PROBE_EVERY, apart), PROBE_EVERY_MAX)
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
 
 
