@@ -4,12 +4,15 @@ one results file, whose ratios are medians over every process's rounds."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
 
 from benchmarks import adaptive_summary as summary
 from benchmarks import pooled_runs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(label: str, ratios: list[float]) -> dict:
@@ -131,7 +134,8 @@ def test_checkouts_run_interleaved_and_pool_one_file_each(tmp_path):
         assert all(json.load(open(p))["not_in_table"].endswith(f"ab_{name}.json") for p in paths[name])
 
 
-@pytest.mark.parametrize("spec, problem", [("old", "NAME=DIR"), ("=x", "NAME=DIR"), ("a=/nonexistent", "no benchmarks")])
-def test_bad_checkouts_are_refused(spec, problem):
+@pytest.mark.parametrize("specs, problem", [(["old"], "NAME=DIR"), (["=x"], "NAME=DIR"),
+                                            (["a=/nonexistent"], "no benchmarks"), ([f"a={ROOT}", f"a={ROOT}"], "twice")])
+def test_bad_checkouts_are_refused(specs, problem):
     with pytest.raises(pooled_runs.PoolError, match=problem):
-        pooled_runs.parse_checkouts([spec])
+        pooled_runs.parse_checkouts(specs)

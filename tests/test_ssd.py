@@ -300,7 +300,8 @@ def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     """A plain verdict's calls between probes are at least the probe's cost over PROBE_OVERHEAD
     (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces
     probes 20 calls apart at a 1% budget; near the break-even they stay PROBE_EVERY apart, and
-    the backoff's doubling never goes below the cost's spacing."""
+    the backoff's doubling never goes below the cost's spacing. Once a call of the key paid,
+    probes come PROBE_EVERY apart again."""
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 32)
     monkeypatch.setattr(ssd_auto, "PROBE_OVERHEAD", 0.01)
@@ -321,6 +322,9 @@ def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     assert calls_until_probe() == 4
     ssd_auto.remember(key, 1.05, 1.05, probe_cost=0.09)   # no backoff, but a dearer probe
     assert calls_until_probe() == 9
+    ssd_auto.remember(key, 0.6, 0.6)                     # a call where SSD paid (another prompt)
+    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)
+    assert calls_until_probe() == 4                      # probes as often as before: it may pay again
     ssd_auto.forget()
 
 

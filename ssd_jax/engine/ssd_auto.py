@@ -5,7 +5,8 @@ The length: the synchronous methods' cost model (`ssd_jax.engine.adaptive.choose
 with the draft's cache build priced where both models share devices (`build_priced`), SSD's own
 cost per step added (`step_overhead`: what its judged steps took beyond the model's target(L+1) +
 L draft forwards, measured on the program's recent calls; one target step before the first) and,
-once a call was judged, the acceptance its batch's pace implies (`pace_acceptance`).
+once a call was judged, the acceptance its batch's pace over its SSD steps implies
+(`pace_acceptance`).
 
 SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
 extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
@@ -26,9 +27,10 @@ verdict, not the last one's: the mean of their log cost ratios over their SSD st
 slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no
 draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
 the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
-call; each probe after which the mean still finds SSD at least BACKOFF_RATIO times slower per
-token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS
-lengths, its probes keep to those, whose programs are compiled (`probe_length`). One call is not
+call, or a later one where the last SSD call cost more than PROBE_OVERHEAD of that many plain
+calls (`remember`); each probe after which the mean still finds SSD at least BACKOFF_RATIO times
+slower per token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run
+PROBE_LENGTHS lengths, its probes keep to those, whose programs are compiled (`probe_length`). One call is not
 enough: the key covers every prompt of those shapes, and SSD's speed differs by prompt (held-out
 code, batch 1, T=0, one CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per
 token, one at 1.47 that switched; remembering the last call's verdict sent the three to plain
@@ -97,6 +99,7 @@ _PLAIN_STEP_S = Recent()
 _PLAIN_RUNS = Recent()
 _VERDICTS = PlainVerdicts()
 _LENGTHS_RUN = Recent()
+_PAID = Recent()   # program keys with a call in this process where SSD paid (call ratio below 1)
 _LOCK = threading.Lock()
 
 
@@ -267,12 +270,12 @@ class PlainSwitch:
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: PLAIN_UNTIMED_RUNS
-    runs (the first compiles; on one CPU device the runs right after it read 4.3 and 4.1 ms a step
-    where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not their best: SSD's side of the
-    comparison is a running mean of its steps, and against the best of two plain runs a call
-    that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU device: fixed L=4 1.06x and
-    1.09x AR in two processes) was judged slower and decoded 99% of its steps plainly (0.95x and
-    0.99x AR). Once measured, the key's step is the median of that measurement and the last
+    runs (the first compiles; on one CPU device the runs right after it read 4.3 and 4.1 ms a
+    step where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not
+    their best: SSD's side of the comparison is a running mean of its steps, and against the
+    best of two plain runs a call that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU
+    device: fixed L=4 1.06x and 1.09x AR in two processes) was judged slower and decoded 99% of
+    its steps plainly (0.95x and 0.99x AR). Once measured, the key's step is the median of that measurement and the last
     PLAIN_RUNS_KEPT switched calls' plain parts (`observe_plain_run`)."""
     with _LOCK:
         known = _PLAIN_STEP_S.lookup(key)
@@ -463,20 +466,28 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
     its `probe_cost`. The next calls start plain (`starts_plain`) while the key's mean log call
     ratio over recent calls is above 0; a probe after which that mean is at least
     log(BACKOFF_RATIO) doubles the calls between probes; any other plain verdict sets them to
-    PROBE_EVERY. Either way, they are at least probe_cost / PROBE_OVERHEAD (at most
-    PROBE_EVERY_MAX): where SSD loses by much, a probe is dear (batch 8, one CPU device: a probe
-    ran SSD for its first 14-18 steps at 0.4-0.6x AR and its call took 1.1-1.3x a plain one, 2-4%
-    of the eight calls between probes), so probes come less often, and near the break-even they
-    cost little and come every PROBE_EVERY calls. A call too short for the switch to judge (fewer than
-    WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot switch either,
-    and start plain if SSD's calls lost."""
+    PROBE_EVERY. Where no call of the key has paid in this process, they are at least
+    probe_cost / PROBE_OVERHEAD (at most PROBE_EVERY_MAX): where SSD loses by much, a probe is
+    dear (batch 8, one CPU device: a probe ran SSD for its first 14-18 steps at 0.4-0.6x AR and
+    its call took 1.1-1.3x a plain one, 2-4% of the eight calls between probes), so probes come
+    less often, and near the break-even they cost little and come every PROBE_EVERY calls. Not
+    where a call paid: the key pools a set's prompts, and there a probe may find a prompt where
+    SSD pays (batch 1, T=0, one CPU device: calls at 1.25x a plain call on one prompt spaced the
+    probes 25 calls apart, and the next prompt, where SSD ran 0.6 of plain decoding's time, ran
+    plainly: 1.05-1.08x AR against 1.21-1.24x). A call too short for the switch to judge
+    (fewer than WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot
+    switch either, and start plain if SSD's calls lost."""
     mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
     if judged_ratio is not None:
         steady = float(np.log(max(judged_ratio, 1e-9)))
         _STEADY_RATIOS.add(key, steady)
         if draft_len is not None:
             _STEADY_RATIOS.add((key, int(draft_len)), steady)
-    apart = int(np.ceil(round(max(float(probe_cost), 0.0) / PROBE_OVERHEAD, 6)))
+    with _LOCK:
+        if call_ratio < 1.0:
+            _PAID.store(key, True)
+        paid = _PAID.lookup(key, False)
+    apart = 0 if paid else int(np.ceil(round(max(float(probe_cost), 0.0) / PROBE_OVERHEAD, 6)))
     first = min(max(PROBE_EVERY, apart), PROBE_EVERY_MAX)
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
 
@@ -486,6 +497,7 @@ def forget() -> None:
     _VERDICTS.forget()
     with _LOCK:
         _LENGTHS_RUN.clear()
+        _PAID.clear()
     for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
         means.clear()
 
