@@ -73,6 +73,7 @@ import numpy as np
 
 from ssd_jax.engine.adaptive import DecayedMeans, Recent, StepCosts, agreed, expected_tokens, timings_allowed
 from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
+from ssd_jax.engine.plain_verdicts import calls_apart
 
 # Methods whose fixed programs differ from "auto" only in a length (and the shapes "auto" fixed
 # before the call: paths, tree size).
@@ -340,7 +341,7 @@ def probe_interval(best_speedup: float, probes_lost: int) -> int:
     PROBE_EVERY_MIN, doubled for each probe AR's program kept winning through, at most
     PROBE_EVERY_MAX."""
     loss = 1.0 / max(best_speedup, 1e-6) - 1.0
-    first = max(PROBE_EVERY_MIN, math.ceil(round(loss / PROBE_OVERHEAD, 6)))
+    first = max(PROBE_EVERY_MIN, calls_apart(loss, PROBE_OVERHEAD))
     return min(first * 2 ** min(probes_lost, 16), PROBE_EVERY_MAX)
 
 

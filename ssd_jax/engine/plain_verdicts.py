@@ -21,6 +21,7 @@ it).
 
 from __future__ import annotations
 
+import math
 import threading
 
 from ssd_jax.engine.adaptive import Recent, timings_allowed
@@ -35,6 +36,14 @@ from ssd_jax.engine.adaptive import Recent, timings_allowed
 PLAIN_SHARE = 0.99
 PROBE_EVERY = 4
 PROBE_EVERY_MAX = 16
+
+
+def calls_apart(loss: float, overhead: float) -> int:
+    """The calls between probes that keep a probe's loss (a share of a plain call; below 0:
+    none) within `overhead` of them (rounded to 6 decimals first, so that 0.2 / 0.01 is 20).
+    SSD's plain verdicts (`ssd_jax.engine.ssd_auto.remember`) and the per-call choice
+    (`ssd_jax.engine.per_call.probe_interval`) space their probes by it."""
+    return math.ceil(round(max(float(loss), 0.0) / overhead, 6))
 
 
 class PlainVerdicts:

@@ -64,7 +64,7 @@ import numpy as np
 from ssd_jax.draft import fanout
 from ssd_jax.engine import adaptive
 from ssd_jax.engine.adaptive import DecayedMeans, Recent, StepCosts, expected_tokens, timings_allowed, trimmed_mean
-from ssd_jax.engine.plain_verdicts import PlainVerdicts
+from ssd_jax.engine.plain_verdicts import PlainVerdicts, calls_apart
 
 PLAIN_CHUNK = 16
 # Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
@@ -487,7 +487,7 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
         if call_ratio < 1.0:
             _PAID.store(key, True)
         paid = _PAID.lookup(key, False)
-    apart = 0 if paid else int(np.ceil(round(max(float(probe_cost), 0.0) / PROBE_OVERHEAD, 6)))
+    apart = 0 if paid else calls_apart(probe_cost, PROBE_OVERHEAD)
     first = min(max(PROBE_EVERY, apart), PROBE_EVERY_MAX)
     _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
 
