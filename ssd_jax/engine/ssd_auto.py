@@ -27,10 +27,11 @@ verdict, not the last one's: the mean of their log cost ratios over their SSD st
 slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no
 draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
 the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
-call, or a later one where the last SSD call cost more than PROBE_OVERHEAD of that many plain
-calls (`remember`); each probe after which the mean still finds SSD at least BACKOFF_RATIO times
-slower per token doubles the interval, up to PROBE_EVERY_MAX calls; once a key has run
-PROBE_LENGTHS lengths, its probes keep to those, whose programs are compiled (`probe_length`). One call is not
+call, or, while no call of the key has paid in the process, a later one where the last SSD call
+cost more than PROBE_OVERHEAD of that many plain calls (`remember`); each probe after which the
+mean still finds SSD at least BACKOFF_RATIO times slower per token doubles the interval, up to
+PROBE_EVERY_MAX calls; once a key has run PROBE_LENGTHS lengths, its probes keep to those, whose
+programs are compiled (`probe_length`). One call is not
 enough: the key covers every prompt of those shapes, and SSD's speed differs by prompt (held-out
 code, batch 1, T=0, one CPU device: three prompts at 0.5-0.65 of plain decoding's seconds per
 token, one at 1.47 that switched; remembering the last call's verdict sent the three to plain
@@ -275,8 +276,8 @@ def plain_step_seconds(key, run_chunk, state) -> float:
     their best: SSD's side of the comparison is a running mean of its steps, and against the
     best of two plain runs a call that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU
     device: fixed L=4 1.06x and 1.09x AR in two processes) was judged slower and decoded 99% of
-    its steps plainly (0.95x and 0.99x AR). Once measured, the key's step is the median of that measurement and the last
-    PLAIN_RUNS_KEPT switched calls' plain parts (`observe_plain_run`)."""
+    its steps plainly (0.95x and 0.99x AR). Once measured, the key's step is the median of that
+    measurement and the last PLAIN_RUNS_KEPT switched calls' plain parts (`observe_plain_run`)."""
     with _LOCK:
         known = _PLAIN_STEP_S.lookup(key)
         if known is not None:
