@@ -639,6 +639,7 @@ def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_first_ones(monkeypa
     PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast run does not set it (the best of
     the runs did, which made SSD that paid look slower)."""
     seconds_per_run = iter([9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8])   # 16 steps a run
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 1)
     monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 2)
     clock = {"now": 0.0}
 
@@ -660,6 +661,7 @@ def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
     first measurement and the last PLAIN_RUNS_KEPT parts; parts too short to time are left out."""
     monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
     monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 1)
     monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
     monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 1)
     runs = iter([1.0, 1.6, 1.6])   # 16 steps a run: 0.1 s a step after the compiling run
@@ -683,6 +685,33 @@ def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
     assert step() == pytest.approx(0.05) and len(ssd_auto._PLAIN_RUNS.lookup("key")) == ssd_auto.PLAIN_RUNS_KEPT
     ssd_auto.observe_plain_run("other", seconds=0.9, steps=18)     # another program's: its own
     assert step() == pytest.approx(0.05)
+
+
+def test_a_slow_first_plain_timing_is_outvoted_by_the_next_calls(monkeypatch):
+    """Timed once at a slow moment, plain decoding looked dear, SSD was never judged slower and no
+    call switched to refresh it (batch 8, T=0, CPU: one process of three ran SSD on every step at
+    0.84x AR): the key's next calls time it again, PLAIN_RETIMED_RUNS warm runs each, until
+    PLAIN_TIMINGS timings, and the step is their median."""
+    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 3)
+    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 1)
+    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
+    monkeypatch.setattr(ssd_auto, "PLAIN_RETIMED_RUNS", 3)
+    runs = iter([9.0, 3.2, 3.2] + [1.6] * 3 + [1.7] * 3)   # 16 steps a run: 0.2 s a step, then 0.1, 0.106
+    clock = {"now": 0.0}
+
+    def run_chunk(state):
+        clock["now"] += next(runs)
+        return np.zeros((1, 16)), np.array([16])
+
+    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    step = functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((1, 2))})
+    assert step() == pytest.approx(0.2)                      # the slow first timing
+    assert step() == pytest.approx((0.2 + 0.1) / 2)          # a second, warm: no untimed run
+    assert step() == pytest.approx(1.7 / 16)                 # the median of three
+    assert step() == pytest.approx(1.7 / 16)                 # three timings: no more runs
+    assert len(ssd_auto._PLAIN_STEP_S.lookup("key")) == 3
 
 
 # ---------------------------------------------------------------------------------- fan-out

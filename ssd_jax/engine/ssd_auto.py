@@ -42,11 +42,12 @@ rounds of 4 calls), while near the break-even probes cost little.
 
 The plain step's time is measured on that very program at a key's first call in the process:
 chunk runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS;
-their trimmed mean, `plain_step_seconds`); then every call that switched times its plain part
-(`observe_plain_run`), and the step is the median of that first measurement and the last
-PLAIN_RUNS_KEPT plain parts. Timed once, a slow moment of the machine stayed in every later
-verdict (batch 4, one CPU device: 5.9 ms where other processes read 4.5-5.6 ms, and SSD at
-L=5-6 judged faster than plain decoding on calls that ran 0.83-0.99x AR).
+their trimmed mean, `plain_step_seconds`), and again at its next calls that run SSD until
+PLAIN_TIMINGS timings; every call that switched times its plain part (`observe_plain_run`), and
+the step is the median of those timings and the last PLAIN_RUNS_KEPT plain parts. Timed once, a
+slow moment of the machine stayed in every later verdict (batch 4, one CPU device: 5.9 ms where
+other processes read 4.5-5.6 ms, and SSD at L=5-6 judged faster than plain decoding on calls that
+ran 0.83-0.99x AR; batch 8: SSD at L=2 on every step of every call, 0.84x AR).
 The switch and the length use only timings and past steps, never a step's target probabilities,
 so the output law stays the target's.
 """
@@ -94,6 +95,8 @@ OTHER_LENGTH_PRIOR_STEPS = 2   # ... and of other lengths' where the call's leng
 OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 PLAIN_UNTIMED_RUNS = 2   # the chunk program's first runs (the first compiles), not timed
+PLAIN_TIMINGS = 3        # a key's plain step is timed at its first this many calls that run SSD ...
+PLAIN_RETIMED_RUNS = 3   # ... the later timings over this many runs (`plain_step_seconds`)
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
 _PLAIN_STEP_S = Recent()
@@ -270,31 +273,43 @@ class PlainSwitch:
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
-    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: PLAIN_UNTIMED_RUNS
-    runs (the first compiles; on one CPU device the runs right after it read 4.3 and 4.1 ms a
-    step where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their trimmed mean. Not
-    their best: SSD's side of the comparison is a running mean of its steps, and against the
-    best of two plain runs a call that SSD sped up by 6-9% (batch 4, held-out code, T=0, one CPU
-    device: fixed L=4 1.06x and 1.09x AR in two processes) was judged slower and decoded 99% of
-    its steps plainly (0.95x and 0.99x AR). Once measured, the key's step is the median of that
-    measurement and the last PLAIN_RUNS_KEPT switched calls' plain parts (`observe_plain_run`)."""
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: at the key's first
+    call PLAIN_UNTIMED_RUNS runs (the first compiles; on one CPU device the runs right after it
+    read 4.3 and 4.1 ms a step where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their
+    trimmed mean. Not their best: SSD's side of the comparison is a running mean of its steps, and
+    against the best of two plain runs a call that SSD sped up by 6-9% (batch 4, held-out code,
+    T=0, one CPU device: fixed L=4 1.06x and 1.09x AR in two processes) was judged slower and
+    decoded 99% of its steps plainly (0.95x and 0.99x AR). The key's next calls that run SSD time
+    it again (PLAIN_RETIMED_RUNS runs, the program warm) until PLAIN_TIMINGS timings: one timing
+    at a slow moment of the machine made plain decoding look dear, SSD was never judged slower,
+    no call switched, so no plain part refreshed it (batch 8, held-out code, T=0, one CPU device:
+    one process of three ran SSD at L=2 on every step, 0.84x AR, where the others ran AR's
+    program). The step is the median of those timings and the last PLAIN_RUNS_KEPT switched
+    calls' plain parts (`observe_plain_run`)."""
     with _LOCK:
-        known = _PLAIN_STEP_S.lookup(key)
-        if known is not None:
-            return float(np.median([known, *_PLAIN_RUNS.lookup(key, ())]))
+        timings = _PLAIN_STEP_S.lookup(key, ())
+    if len(timings) < PLAIN_TIMINGS:
+        untimed, timed = (PLAIN_UNTIMED_RUNS, PLAIN_TIMED_RUNS) if not timings else (0, PLAIN_RETIMED_RUNS)
+        seconds = _timed_plain_step(run_chunk, state, untimed, timed)
+        with _LOCK:
+            _PLAIN_STEP_S.store(key, (*_PLAIN_STEP_S.lookup(key, ()), seconds)[-PLAIN_TIMINGS:])
+    with _LOCK:
+        return float(np.median([*_PLAIN_STEP_S.lookup(key, ()), *_PLAIN_RUNS.lookup(key, ())]))
+
+
+def _timed_plain_step(run_chunk, state, untimed: int, timed: int) -> float:
+    """The trimmed mean over `timed` runs of run_chunk on copies of state, after `untimed` runs,
+    of seconds per step (a run's steps: its longest row's appended tokens)."""
     per_step = []
-    for run in range(PLAIN_UNTIMED_RUNS + PLAIN_TIMED_RUNS):
+    for run in range(untimed + timed):
         copy = jax.tree.map(jnp.copy, state)
         jax.block_until_ready(copy)
         start = time.perf_counter()
         out = jax.block_until_ready(run_chunk(copy))
         steps = max(int(np.max(np.asarray(out[1]))), 1)
-        if run >= PLAIN_UNTIMED_RUNS:
+        if run >= untimed:
             per_step.append((time.perf_counter() - start) / steps)
-    seconds = trimmed_mean(per_step)
-    with _LOCK:
-        _PLAIN_STEP_S.store(key, seconds)
-    return seconds
+    return trimmed_mean(per_step)
 
 
 def observe_plain_run(key, seconds: float, steps: int) -> None:
