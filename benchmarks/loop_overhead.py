@@ -118,7 +118,7 @@ def measure(auto, fixed: dict, caps: list[int], new_tokens: int, rounds: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", default="bv", choices=("sd", "bv", "csd", "pld"))
+    parser.add_argument("--method", default="bv", choices=("sd", "bv", "csd", "pld", "logitspec"))
     parser.add_argument("--set", default="short", choices=("code", "repeat", "short", "badguess"))
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--temperature", type=float, default=0.0)

@@ -72,6 +72,17 @@ def test_goal_misses(set_name, vs_ar, vs_best, missed):
     assert summary.goal_misses(set_name, cell) == missed
 
 
+@pytest.mark.parametrize("share, missed", [
+    (1.0, ["0.99x AR (plain on 100% of steps)"]),   # "auto" at best ties AR there
+    (0.992, ["0.99x AR (plain on 99% of steps)"]),
+    (0.9, ["0.99x AR"]),                            # speculated on a tenth of its steps: a plain miss
+    (None, ["0.99x AR"]),                           # an older file without the share
+])
+def test_a_miss_against_ar_says_where_auto_decoded_plainly(share, missed):
+    cell = dict(vs_ar=0.99, vs_best=1.2, best_fixed="L=2", ar_share=share)
+    assert summary.goal_misses("code", cell) == missed
+
+
 def test_markdown_names_every_miss_and_the_measurement(tmp_path):
     path = _write(tmp_path / "adaptive_x.json", "2026-11-26",
                   [_case("code", 0.97, 0.89), _case("badguess", 0.96, 1.02)], cpu="Intel(R) Xeon(R) Processor")

@@ -633,46 +633,41 @@ def test_batch_pace_takes_back_the_window_s_chance_lag_but_not_a_slow_row():
     assert judged(128, steady).pace() == pytest.approx(1.0)
 
 
+def _plain_step_timer(monkeypatch, seconds_per_run, rows: int = 1, **settings):
+    """`ssd_auto.plain_step_seconds` on "key", with fresh memories, the module's `settings` set,
+    and a fake clock under which the chunk's i-th run takes seconds_per_run[i] for 16 steps."""
+    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
+    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    for name, value in settings.items():
+        monkeypatch.setattr(ssd_auto, name, value)
+    runs = iter(seconds_per_run)
+    clock = {"now": 0.0}
+
+    def run_chunk(state):
+        clock["now"] += next(runs)
+        return np.zeros((rows, 16)), np.full(rows, 16)   # emitted, appended per row
+
+    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
+    return functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((rows, 2))})
+
+
 def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_first_ones(monkeypatch):
     """The plain step that SSD's running mean is judged against: the first PLAIN_UNTIMED_RUNS
     runs (the first compiles, the next reads slow) left out, the trimmed mean of the next
     PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast run does not set it (the best of
     the runs did, which made SSD that paid look slower)."""
-    seconds_per_run = iter([9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8])   # 16 steps a run
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 1)
-    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 2)
-    clock = {"now": 0.0}
-
-    def run_chunk(state):
-        clock["now"] += next(seconds_per_run)
-        return np.zeros((2, 16)), np.array([16, 16])   # emitted, appended per row
-
-    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 6)
-    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
-    state = {"cache": jnp.zeros((2, 3))}
-    assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)
-    assert ssd_auto.plain_step_seconds("key", run_chunk, state) == pytest.approx(0.1)   # remembered: no run
+    step = _plain_step_timer(monkeypatch, [9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8], rows=2,
+                             PLAIN_TIMINGS=1, PLAIN_UNTIMED_RUNS=2, PLAIN_TIMED_RUNS=6)
+    assert step() == pytest.approx(0.1)
+    assert step() == pytest.approx(0.1)   # remembered: no run
 
 
 def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
     """A plain step timed once stays wrong if the machine was slow then (5.9 ms at batch 4 where
     other processes read 4.5-5.6): the switched calls' plain parts join it, the median of the
     first measurement and the last PLAIN_RUNS_KEPT parts; parts too short to time are left out."""
-    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 1)
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
-    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 1)
-    runs = iter([1.0, 1.6, 1.6])   # 16 steps a run: 0.1 s a step after the compiling run
-    clock = {"now": 0.0}
-
-    def run_chunk(state):
-        clock["now"] += next(runs)
-        return np.zeros((1, 16)), np.array([16])
-
-    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
-    step = functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((1, 2))})
+    step = _plain_step_timer(monkeypatch, [1.0, 1.6, 1.6],   # 0.1 s a step after the compiling run
+                             PLAIN_TIMINGS=1, PLAIN_TIMED_RUNS=2, PLAIN_UNTIMED_RUNS=1)
     assert step() == pytest.approx(0.1)
     ssd_auto.observe_plain_run("key", seconds=1.2, steps=16)     # 0.075 s a step
     assert step() == pytest.approx((0.1 + 0.075) / 2)
@@ -692,21 +687,8 @@ def test_a_slow_first_plain_timing_is_outvoted_by_the_next_calls(monkeypatch):
     call switched to refresh it (batch 8, T=0, CPU: one process of three ran SSD on every step at
     0.84x AR): the key's next calls time it again, PLAIN_RETIMED_RUNS warm runs each, until
     PLAIN_TIMINGS timings, and the step is their median."""
-    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMINGS", 3)
-    monkeypatch.setattr(ssd_auto, "PLAIN_UNTIMED_RUNS", 1)
-    monkeypatch.setattr(ssd_auto, "PLAIN_TIMED_RUNS", 2)
-    monkeypatch.setattr(ssd_auto, "PLAIN_RETIMED_RUNS", 3)
-    runs = iter([9.0, 3.2, 3.2] + [1.6] * 3 + [1.7] * 3)   # 16 steps a run: 0.2 s a step, then 0.1, 0.106
-    clock = {"now": 0.0}
-
-    def run_chunk(state):
-        clock["now"] += next(runs)
-        return np.zeros((1, 16)), np.array([16])
-
-    monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
-    step = functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((1, 2))})
+    step = _plain_step_timer(monkeypatch, [9.0, 3.2, 3.2] + [1.6] * 3 + [1.7] * 3,   # 0.2 s a step, 0.1, 0.106
+                             PLAIN_TIMINGS=3, PLAIN_UNTIMED_RUNS=1, PLAIN_TIMED_RUNS=2, PLAIN_RETIMED_RUNS=3)
     assert step() == pytest.approx(0.2)                      # the slow first timing
     assert step() == pytest.approx((0.2 + 0.1) / 2)          # a second, warm: no untimed run
     assert step() == pytest.approx(1.7 / 16)                 # the median of three
