@@ -137,6 +137,16 @@ def pool_files(paths: list[str], out: str, code_state: str | None = None) -> dic
     return pooled
 
 
+def cell_line(case: dict[str, Any], checkout: str = "") -> str:
+    """One pooled cell's printed line: "auto" against AR (pooled, and per process) and, where the
+    run had fixed settings, against the best of them."""
+    per_process = ", ".join(f"{v[0]:.2f}" for v in case["auto_vs_ar_per_process"])
+    against_fixed = ("" if case["auto_vs_best_fixed"] is None else
+                     f", {case['auto_vs_best_fixed'][0]:.3f} of {case['best_fixed']}")
+    return (f"{checkout + ': ' if checkout else ''}{case['set']} T={case['temperature']:g} B={case['batch_size']}: "
+            f"auto {case['auto_vs_ar'][0]:.3f}x AR (processes {per_process}){against_fixed}")
+
+
 def mark_process(path: str, index: int, count: int, pooled_name: str) -> None:
     """Marks one process's results file "not_in_table": the table reads the pooled file."""
     with open(path) as f:
@@ -226,12 +236,8 @@ def main() -> None:
             pooled = pool_files(paths, stems[name], code_state)
         except PoolError as err:
             raise SystemExit(f"pooled_runs: {err}") from None
-        label = f"{name}: " if name else ""
         for case in pooled["results"]:
-            per_process = ", ".join(f"{v[0]:.2f}" for v in case["auto_vs_ar_per_process"])
-            print(f"{label}{case['set']} T={case['temperature']:g} B={case['batch_size']}: auto "
-                  f"{case['auto_vs_ar'][0]:.3f}x AR (processes {per_process}), {case['auto_vs_best_fixed'][0]:.3f} of "
-                  f"{case['best_fixed']}")
+            print(cell_line(case, name))
         print(f"wrote {stems[name]}.json and {stems[name]}.png")
 
 

@@ -71,6 +71,22 @@ def test_the_best_fixed_setting_is_chosen_on_the_pooled_rounds():
     assert case["best_fixed"] == "ssd L=4" and case["auto_vs_best_fixed"][0] == pytest.approx(1 / 1.2)
 
 
+def test_a_run_without_fixed_settings_pools_and_prints():
+    """Runs of AR and "auto" alone (--lengths "" --tree-sizes ""): no best fixed setting, and the
+    printed line says so instead of failing."""
+    runs = []
+    for date, auto in (("2026-11-28T10:00", [1.0, 1.1, 1.2]), ("2026-11-28T11:00", [0.9] * 3)):
+        run = _run(auto, [0.8] * 3, date)
+        run["results"][0]["configs"].pop(1)
+        runs.append(run)
+    (case,) = pooled_runs.pool(runs)["results"]
+    assert case["auto_vs_best_fixed"] is None and case["auto_vs_ar"][0] == pytest.approx(0.95)
+    assert pooled_runs.cell_line(case, "new") == "new: code T=0 B=4: auto 0.950x AR (processes 1.10, 0.90)"
+    case = pooled_runs.pool([_run([1.0] * 3, [0.8] * 3, "2026-11-28T10:00"),
+                             _run([1.0] * 3, [0.8] * 3, "2026-11-28T11:00")])["results"][0]
+    assert pooled_runs.cell_line(case) == "code T=0 B=4: auto 1.000x AR (processes 1.00, 1.00), 1.250 of ssd L=4"
+
+
 @pytest.mark.parametrize("change, field", [
     (lambda run: run.update(method="sd"), "method"),
     (lambda run: run.update(repeats=5), "repeats"),
