@@ -28,6 +28,9 @@ os.environ["SSD_JAX_DETERMINISTIC_AUTO"] = "1"
 # Calibrations stay in memory (`ssd_jax.engine.calibration_store`): a test of the measurements
 # must measure, not find a file an earlier run left in ~/.cache.
 os.environ["SSD_JAX_CALIBRATION_DIR"] = ""
+# The command line's default compile cache (~/.cache/ssd_jax/xla) is not the tests' to fill: the
+# command lines they run use the run's own cache below, or none.
+os.environ.setdefault("SSD_JAX_COMPILE_CACHE", "")
 # One persistent XLA compilation cache per run, shared by the xdist workers and the tests'
 # subprocesses (they inherit the variable; the process that made the folder removes it): many
 # tests compile the same program through closures of their own, and the subprocesses (notebook,

@@ -15,6 +15,16 @@ from checkpoints_convert import hf_to_ssd
 from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
 
 
+def _encoding(text: str):
+    """A tokenizers.Encoding, what `model.tokenizer.encode` returns."""
+    import tokenizers
+
+    words = {"[UNK]": 0, "a": 1, "b": 2}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    return tokenizer.encode(text)
+
+
 @pytest.fixture
 def llama_copy(hf_family, tmp_path):
     directory, _ = hf_family("llama3")
@@ -113,6 +123,7 @@ def test_failed_conversion_midway_writes_nothing(llama_copy, tmp_path):
         ([], {}, "prompt_ids is empty"),
         ([1, 2, 3], {}, "list of token-id lists"),
         (["hello"], {}, "is a string"),
+        ([_encoding("a b")], {}, r"prompt 0 is of type Encoding, not token ids; pass its \.ids"),
         ([[1.5, 2.0]], {}, "non-integer"),
         ([[1] * 200], {"max_new_tokens": 100}, "max_position_embeddings=256"),
         ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1"),

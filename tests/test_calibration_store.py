@@ -25,12 +25,16 @@ import ssd_jax
 from ssd_jax.engine import adaptive
 from spec_models import pair
 
-measured = []
-calibrate = adaptive._calibrate
+from ssd_jax.engine import calibration_store
+
+measured, saved = [], []
+calibrate, save = adaptive._calibrate, calibration_store.save
 adaptive._calibrate = lambda *args, **kwargs: measured.append(1) or calibrate(*args, **kwargs)
+calibration_store.save = lambda path, values: saved.append(path) or save(path, values)
 target, _ = pair(vocab=64, seed=0, noise=0.3)
 out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
-print(json.dumps(dict(costs=out.stats["loop_costs"][:3], calibrations=len(measured))))
+print(json.dumps(dict(costs=out.stats["loop_costs"][:3], calibrations=len(measured), saved=len(saved),
+                      forward=[adaptive.forward_seconds(target, 1, w, 5) for w in (1, 9)])))
 """
 
 
@@ -49,15 +53,20 @@ def _call(directory, xla_cache) -> dict:
 def test_a_new_process_finds_the_calibration(tmp_path):
     """Also where the new process reads the compiled program from JAX's persistent compilation
     cache (Colab and TPU users turn it on), whose text has fewer stack frames than a fresh
-    compile's: the calibration is named by what the program computes."""
+    compile's: the calibration is named by what the program computes. The per-forward timings
+    the cost model starts from are found too: the second process measures nothing."""
     store, xla_cache = tmp_path / "calibrations", tmp_path / "xla"
     first = _call(store, xla_cache)
-    files = os.listdir(store)
-    assert first["calibrations"] == 1 and len(files) == 1 and files[0].endswith(".json")
+    files = sorted(os.listdir(store))
+    forward = [name for name in files if name.startswith("forward-")]
+    # The loop's calibration, and the target's forward timed at 1 and at L + 1 tokens.
+    assert first["calibrations"] == 1 and len(files) == 3 and len(forward) == 2
+    assert all(name.endswith(".json") for name in files) and first["saved"] == 3
     assert os.listdir(xla_cache)
     second = _call(store, xla_cache)
-    assert second["calibrations"] == 0 and second["costs"] == first["costs"]
-    assert os.listdir(store) == files
+    assert second["calibrations"] == 0 and second["saved"] == 0
+    assert second["costs"] == first["costs"] and second["forward"] == first["forward"]
+    assert sorted(os.listdir(store)) == files
 
 
 def test_the_entry_name_ignores_debug_information_only():
@@ -82,6 +91,8 @@ def timed(monkeypatch, tmp_path):
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
     monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
+    monkeypatch.setattr(adaptive, "_SECONDS", adaptive.Recent())
+    monkeypatch.setattr(adaptive, "_COSTS", adaptive.Recent())
     # No verdict against AR's program makes a later call start plain (it would not calibrate).
     monkeypatch.setattr(against_ar, "GAIN_CHECK", float("inf"))
     calls = []
@@ -90,7 +101,8 @@ def timed(monkeypatch, tmp_path):
     target, _ = pair(vocab=64, seed=0, noise=0.3)
 
     def call():
-        adaptive._CALIBRATION.clear()   # as in a new process
+        for memory in (adaptive._CALIBRATION, adaptive._SECONDS, adaptive._COSTS):   # as in a new process
+            memory.clear()
         out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
         return out.stats["loop_costs"][:3]
 
@@ -100,7 +112,7 @@ def timed(monkeypatch, tmp_path):
 def test_a_damaged_file_is_measured_again_and_replaced(timed, tmp_path):
     call, calls = timed
     costs = call()
-    (entry,) = tmp_path.iterdir()
+    (entry,) = [path for path in tmp_path.iterdir() if not path.name.startswith("forward-")]
     size = len(json.loads(entry.read_text())["costs"])   # 3 costs and one per cap
     assert size == 3 + ssd_jax.PLD().max_draft_len
     # Unparsable, not finite, not numbers, and an entry of another length (an older format's).
@@ -112,6 +124,14 @@ def test_a_damaged_file_is_measured_again_and_replaced(timed, tmp_path):
     assert len(calls) == 5
     call()
     assert len(calls) == 5 and len(costs) == 3
+    # The per-forward timings: a damaged one is timed again and replaced; the others are read.
+    forward = sorted(path for path in tmp_path.iterdir() if path.name.startswith("forward-"))
+    kept = [json.loads(path.read_text())["costs"] for path in forward]
+    assert len(forward) == 2 and all(len(values) == 1 and values[0] > 0 for values in kept)
+    forward[0].write_text(json.dumps(dict(costs=[0.0])))
+    call()
+    assert json.loads(forward[0].read_text())["costs"][0] > 0
+    assert json.loads(forward[1].read_text())["costs"] == kept[1]
 
 
 def test_an_unwritable_directory_warns_and_keeps_the_calibration_in_memory(timed, tmp_path, monkeypatch):

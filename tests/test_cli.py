@@ -10,9 +10,9 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _cli(*args) -> subprocess.CompletedProcess:
+def _cli(*args, env=None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "ssd_jax.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=600)
+                          cwd=REPO, timeout=600, env=env)
 
 
 def test_demo_runs_end_to_end(tmp_path):
@@ -60,6 +60,36 @@ def test_compile_cache_keeps_the_programs_for_the_next_run(hf_family, tmp_path):
     (tmp_path / "a_file").write_text("")
     result = _cli(*run[:-1], str(tmp_path / "a_file" / "xla"))
     assert result.returncode == 2 and "compile cache directory" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_generate_keeps_its_programs_by_default(hf_family, tmp_path):
+    """Without --compile-cache a run keeps its compiled programs under $XDG_CACHE_HOME/ssd_jax/xla,
+    and the next run loads them (it writes nothing new); JAX_COMPILATION_CACHE_DIR (JAX's own
+    setting) stands instead, SSD_JAX_COMPILE_CACHE='' keeps none, and a default directory that
+    cannot be made only warns."""
+    directory, _ = hf_family("llama3")
+    run = ("generate", "--target", directory, "--method", "ar", "--prompt-ids", "3,4,5", "--max-new-tokens", "4",
+           "--json")
+    unset = ("SSD_JAX_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    kept = tmp_path / "home_cache" / "ssd_jax" / "xla"
+    listings = []
+    for _ in range(2):
+        result = _cli(*run, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "home_cache")))
+        assert result.returncode == 0, result.stderr
+        listings.append(sorted(os.listdir(kept)))
+    assert listings[0] and listings[1] == listings[0]
+    own = tmp_path / "jax_own"
+    result = _cli(*run, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "second"), JAX_COMPILATION_CACHE_DIR=str(own)))
+    assert result.returncode == 0, result.stderr
+    assert os.listdir(own) and not (tmp_path / "second").exists()
+    result = _cli(*run, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "third"), SSD_JAX_COMPILE_CACHE=""))
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "third").exists()
+    (tmp_path / "a_file").write_text("")
+    result = _cli(*run, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "a_file")))
+    assert result.returncode == 0, result.stderr
+    assert "not kept for the next run" in result.stderr and json.loads(result.stdout)["stats"]["method"] == "ar"
 
 
 def test_compare_reports_the_median_of_paired_rounds():

@@ -79,7 +79,8 @@ def register(subparsers) -> None:
     parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
     parser.add_argument("--compile-cache", default=None, metavar="DIR",
                         help="keep compiled programs in DIR, so the next run loads them instead of compiling "
-                             "(default: $SSD_JAX_COMPILE_CACHE, else none)")
+                             "('' : none; default: $SSD_JAX_COMPILE_CACHE, else ~/.cache/ssd_jax/xla, "
+                             "unless JAX_COMPILATION_CACHE_DIR is set)")
     add_sampling_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -229,8 +230,9 @@ def run(args) -> int:
     import jax
 
     import ssd_jax
+    from ssd_jax.engine.compile_cache import use_command_line_cache
 
-    ssd_jax.use_persistent_cache(args.compile_cache)
+    use_command_line_cache(args.compile_cache)
     target, draft = load_models(args)
     method = build_method(args)
     if args.method == "csd" or args.drafts:

@@ -10,7 +10,10 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
     the machine (backend, device kind, CPU model, core count, jax and jaxlib versions, XLA_FLAGS)
     FORMAT (bumped whenever what a calibration measures changes)
 
-so another program, machine or library version never reads it. Files are written to a temporary
+so another program, machine or library version never reads it. The per-forward timings the cost
+model starts from (`ssd_jax.engine.adaptive.forward_seconds`: 1 s a timed width on that machine,
+~3 s of a fresh process's first "auto" call) are kept the same way, as files named "forward-"
+and a digest of the timed loop's lowered program. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
 absent (and is measured again and replaced).
 
@@ -71,6 +74,17 @@ def program_text(text: str) -> str:
     return "\n".join(line for line in lines if line.strip())
 
 
+def _digest(kind: str, text: str) -> str:
+    """A file name for a measurement of the program `text` on this machine (kind: what is measured,
+    "" for a loop's calibration)."""
+    digest = hashlib.sha256()
+    digest.update(json.dumps(dict(format=FORMAT, machine=machine()), sort_keys=True).encode())
+    if kind:
+        digest.update(kind.encode())
+    digest.update(program_text(text).encode())
+    return (f"{kind}-" if kind else "") + digest.hexdigest()[:32] + ".json"
+
+
 def entry_name(executable) -> str | None:
     """The file name of the program's calibration (a digest), None where the program's text
     cannot be had."""
@@ -80,21 +94,30 @@ def entry_name(executable) -> str | None:
         return None
     if not text:
         return None
-    digest = hashlib.sha256()
-    digest.update(json.dumps(dict(format=FORMAT, machine=machine()), sort_keys=True).encode())
-    digest.update(program_text(text).encode())
-    return digest.hexdigest()[:32] + ".json"
+    return _digest("", text)
+
+
+def _in_store(name: str) -> str | None:
+    directory = store_dir()
+    if directory is None or jax.process_count() > 1:
+        return None
+    return os.path.join(directory, name)
 
 
 def path_for(executable) -> str | None:
     """Where the program's calibration is kept; None where it is kept in memory only (no
     directory, several processes, no program text). Computed once per program: it hashes the
     program's text."""
-    directory = store_dir()
-    if directory is None or jax.process_count() > 1:
-        return None
     name = entry_name(executable)
-    return None if name is None else os.path.join(directory, name)
+    return None if name is None else _in_store(name)
+
+
+def path_for_text(kind: str, text: str) -> str | None:
+    """Where a measurement of the program whose lowered text is `text` is kept (kind: what is
+    measured, the file name's prefix, e.g. "forward" for `ssd_jax.engine.adaptive.forward_seconds`);
+    None where kept in memory only. Keyed by the text, so a change of the models' code measures
+    again."""
+    return _in_store(_digest(kind, text))
 
 
 def load(path: str | None) -> tuple[float, ...] | None:

@@ -39,6 +39,10 @@ class PromptBatch:
 def _as_row(row, index: int) -> np.ndarray:
     if isinstance(row, (str, bytes)):
         raise InputError(f"prompt {index} is a string; pass token ids (encode with model.tokenizer first)")
+    if isinstance(getattr(row, "ids", None), list) and not isinstance(row, (list, tuple, np.ndarray)):
+        # A tokenizers.Encoding (what model.tokenizer.encode returns) is not itself a sequence.
+        raise InputError(f"prompt {index} is of type {type(row).__name__}, not token ids; pass its .ids "
+                         "(model.tokenizer.encode(text).ids)")
     try:
         array = np.asarray(row)
     except Exception:

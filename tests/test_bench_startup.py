@@ -1,0 +1,27 @@
+"""`benchmarks/bench_startup.py`: its configurations, medians and plot (the timed runs themselves
+are the benchmark's, not the suite's)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import bench_startup  # noqa: E402
+
+
+def test_configurations_name_the_command_line_options():
+    assert bench_startup.config_args("ar") == ["--method", "ar"]
+    assert bench_startup.config_args("sd") == ["--method", "sd"]
+    assert bench_startup.config_args("sd:4") == ["--method", "sd", "--num-draft-tokens", "4"]
+
+
+def test_a_state_is_the_median_of_its_runs_and_the_plot_is_written(tmp_path):
+    runs = [dict(process_s=s, compile_time_s=s / 2, cost_measure_time_s=0.1, wall_time_s=0.2, tokens=128)
+            for s in (3.0, 9.0, 4.0)]
+    median = bench_startup.summary(runs)
+    assert median == dict(process_s=4.0, compile_time_s=2.0, cost_measure_time_s=0.1, wall_time_s=0.2)
+    results = {c: {s: median for s in bench_startup.STATES} for c in ("ar", "sd")}
+    bench_startup.plot(results, str(tmp_path / "startup.png"))
+    assert (tmp_path / "startup.png").stat().st_size > 1000
