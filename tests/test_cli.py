@@ -92,6 +92,28 @@ def test_generate_keeps_its_programs_by_default(hf_family, tmp_path):
     assert "not kept for the next run" in result.stderr and json.loads(result.stdout)["stats"]["method"] == "ar"
 
 
+def test_the_default_compile_cache_is_bounded_where_jax_can_evict(tmp_path):
+    """JAX's eviction needs the filelock package (tokenizers brings it): with it the command
+    line's default cache is bounded, without it unbounded rather than an error at the first
+    compile."""
+    script = """
+import json, jax
+from ssd_jax.engine import compile_cache
+compile_cache._importable = lambda module: {present}
+chosen = compile_cache.use_command_line_cache(None)
+print(json.dumps([chosen, jax.config.jax_compilation_cache_max_size]))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("SSD_JAX_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    from ssd_jax.engine.compile_cache import COMMAND_LINE_CACHE_BYTES
+
+    for present, bound in ((True, COMMAND_LINE_CACHE_BYTES), (False, -1)):
+        done = subprocess.run([sys.executable, "-c", script.format(present=present)], capture_output=True,
+                              text=True, cwd=REPO, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [str(tmp_path / "ssd_jax" / "xla"), bound]
+
+
 def test_compare_reports_the_median_of_paired_rounds():
     """--compare's speedup is the median of the rounds' own ratios, not a ratio of single runs:
     a round where the machine slowed both runs reads the same ratio as the others."""

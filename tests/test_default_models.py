@@ -150,14 +150,18 @@ def test_main_job_json_output_has_the_named_fields():
     assert payload["texts"][0]
 
 
-def test_main_job_streams_text_and_compares():
+def test_main_job_prints_text_and_compares():
     """The README's main job (its default method, --compare), with fewer tokens; the prompt and
     length of the --json test above, so one of the two finds the other's SD program in the
-    suite's compilation cache."""
+    suite's compilation cache. --stream prints the same text as it is decoded."""
     result = _cli("generate", "def fibonacci(n):", "--max-new-tokens", "24", "--compare")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def fibonacci(n):") and "tokens_per_second" in result.stdout
     assert "speedup over autoregressive" in result.stdout
+    printed = result.stdout.split("\n--- ")[0]
+    streamed = _cli("generate", "def fibonacci(n):", "--max-new-tokens", "24", "--stream")
+    assert streamed.returncode == 0, streamed.stderr
+    assert streamed.stdout.split("\n--- ")[0] == printed
 
 
 @pytest.mark.parametrize("args, match", [
@@ -165,6 +169,8 @@ def test_main_job_streams_text_and_compares():
     (["generate", "x", "--target", "/nonexistent/model"], "does not exist"),
     (["generate", "x", "--method", "sd", "--num-draft-tokens", "0"], "draft_len must be"),
     (["generate", "x", "--temperature", "-1"], "temperature must be"),
+    (["generate", "x", "y", "--stream"], "--stream prints one prompt's text as it is decoded; got 2 prompts"),
+    (["generate", "x", "--stream", "--json"], "--stream prints one prompt's text as it is decoded; got --json"),
 ])
 def test_main_job_errors_are_one_line(args, match):
     result = _cli(*args)

@@ -1,5 +1,5 @@
-"""`ssd-jax generate`: decode a prompt with any method (default: the embedded pair), streaming
-the text, then a short stats summary."""
+"""`ssd-jax generate`: decode a prompt with any method (default: the embedded pair), print the
+text (or stream it with --stream), then a short stats summary."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "generate", help="generate text (default models: the embedded target/draft pair)",
-        description="Generate a continuation of PROMPT, streaming the text, then print stats.",
+        description="Generate a continuation of PROMPT, print it (--stream: as it is decoded), then print stats.",
     )
     parser.add_argument("prompt", nargs="*", help="prompt text (several = a batch)")
     parser.add_argument("--prompt-ids", action="append", default=None,
@@ -76,7 +76,12 @@ def register(subparsers) -> None:
                      help="ssd: drafting after a cache miss (jit = draft model; auto = n-gram at batch >= 8)")
     parser.add_argument("--json", action="store_true", help="print one JSON object (text, tokens, stats)")
     parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
-    parser.add_argument("--no-stream", action="store_true", help="print the text only at the end")
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--stream", action="store_true",
+                       help="print the text of one prompt as it is decoded; its program calls back to the host "
+                            "each step, which JAX's compile cache cannot keep, so a streamed run compiles anew "
+                            "every time")
+    shown.add_argument("--no-stream", action="store_true", help="print the text when done (the default)")
     parser.add_argument("--compile-cache", default=None, metavar="DIR",
                         help="keep compiled programs in DIR, so the next run loads them instead of compiling "
                              "('' : none; default: $SSD_JAX_COMPILE_CACHE, else ~/.cache/ssd_jax/xla, "
@@ -241,7 +246,10 @@ def run(args) -> int:
     prompts = encode_prompts(args, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                   top_p=args.top_p, key=jax.random.PRNGKey(args.seed))
-    streaming = not (args.json or args.no_stream or len(prompts) > 1)
+    if args.stream and (args.json or len(prompts) > 1):
+        raise InputError("--stream prints one prompt's text as it is decoded; got "
+                         + ("--json" if args.json else f"{len(prompts)} prompts"))
+    streaming = args.stream
     stream = TextStreamer(target.tokenizer, prefix=args.prompt[0] if args.prompt else "") if streaming else None
     out = ssd_jax.generate(target, prompts, method=method, draft=draft, stream=stream, **common)
     baseline = None
@@ -254,6 +262,11 @@ def run(args) -> int:
         out.stats["compare_rounds"] = COMPARE_ROUNDS
     if streaming:
         print()
+        print_stats(out.stats)
+    elif len(prompts) == 1 and not args.json:
+        # As the stream shows it: the prompt, its continuation, the stats.
+        text = out.texts(target.tokenizer)[0] if target.tokenizer is not None else " ".join(map(str, out.tokens[0]))
+        print((args.prompt[0] if args.prompt else "") + text)
         print_stats(out.stats)
     else:
         print_result(out, target.tokenizer, args.json)

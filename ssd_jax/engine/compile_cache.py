@@ -131,8 +131,9 @@ def command_line_directory() -> str | None:
 
 def use_command_line_cache(directory: str | None) -> str | None:
     """The command line's compile cache: `directory` as --compile-cache gave it ("": none), else
-    `command_line_directory()`, bounded to COMMAND_LINE_CACHE_BYTES; a default directory that
-    cannot be made only warns (the run compiles as without one). Returns the directory in use."""
+    `command_line_directory()`, bounded to COMMAND_LINE_CACHE_BYTES (where the `filelock` package
+    JAX's eviction needs is installed; unbounded otherwise); a default directory that cannot be
+    made only warns (the run compiles as without one). Returns the directory in use."""
     import warnings
 
     import jax
@@ -150,5 +151,12 @@ def use_command_line_cache(directory: str | None) -> str | None:
         warnings.warn(f"ssd_jax: compiled programs are not kept for the next run: {error}; set "
                       f"{PERSISTENT_ENV} to a writable directory, or to '' to silence this", stacklevel=2)
         return None
-    jax.config.update("jax_compilation_cache_max_size", COMMAND_LINE_CACHE_BYTES)
+    if _importable("filelock"):   # JAX's eviction locks the folder with it (tokenizers brings it)
+        jax.config.update("jax_compilation_cache_max_size", COMMAND_LINE_CACHE_BYTES)
     return chosen
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
