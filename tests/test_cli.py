@@ -90,6 +90,8 @@ def test_generate_keeps_its_programs_by_default(hf_family, tmp_path):
     result = _cli(*run, env=dict(env, XDG_CACHE_HOME=str(tmp_path / "a_file")))
     assert result.returncode == 0, result.stderr
     assert "not kept for the next run" in result.stderr and json.loads(result.stdout)["stats"]["method"] == "ar"
+    result = _cli(*run, env=dict(env, SSD_JAX_COMPILE_CACHE=str(tmp_path / "a_file" / "xla")))
+    assert result.returncode == 2 and "compile cache directory" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_the_default_compile_cache_is_bounded_where_jax_can_evict(tmp_path):

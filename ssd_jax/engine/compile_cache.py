@@ -132,8 +132,9 @@ def command_line_directory() -> str | None:
 def use_command_line_cache(directory: str | None) -> str | None:
     """The command line's compile cache: `directory` as --compile-cache gave it ("": none), else
     `command_line_directory()`, bounded to COMMAND_LINE_CACHE_BYTES (where the `filelock` package
-    JAX's eviction needs is installed; unbounded otherwise); a default directory that cannot be
-    made only warns (the run compiles as without one). Returns the directory in use."""
+    JAX's eviction needs is installed; unbounded otherwise). A directory named by the flag or by
+    $SSD_JAX_COMPILE_CACHE that cannot be made is an InputError; the default one only warns (the
+    run compiles as without one). Returns the directory in use."""
     import warnings
 
     import jax
@@ -142,6 +143,8 @@ def use_command_line_cache(directory: str | None) -> str | None:
 
     if directory is not None:
         return use_persistent_cache(directory)
+    if PERSISTENT_ENV in os.environ:   # asked for by name: a directory that cannot be made is an error
+        return use_persistent_cache(os.environ[PERSISTENT_ENV])
     default = command_line_directory()
     if default is None:
         return None
