@@ -351,7 +351,8 @@ def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingPar
     AR's program is the one a plain-from-start call runs, compiled here only for calls within
     `against_ar.GAIN_CHECK` of the loop's plain steps. Their step ratio is kept under loop_key (the
     loop's program key and argument signature, which fix AR's program too), so a later call does
-    not build AR's program and inputs to find it (1.9 ms of host time a 128-token call, CPU)."""
+    not build AR's program and inputs to find it (1.9 ms of host time a 128-token call, CPU), and
+    on disk per loop program (`against_ar.stored_ratio`), so a later process does not either."""
     from ssd_jax.engine import against_ar
 
     by_cap = np.asarray(counters.cap_steps).tolist()
@@ -359,7 +360,7 @@ def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingPar
     ar_steps = int(np.max(np.asarray(num_tokens))) - 1
 
     def ar_ratio() -> float | None:
-        known, ratio = against_ar.known_ratio(loop_key)
+        known, ratio = against_ar.stored_ratio(loop_executable, loop_key)
         if not known:
             executable, args, _, _ = _ar_executable(target, batch, max_new_tokens, sampling, key)
             ratio = against_ar.ar_step_ratio(executable, args, loop_executable, loop_args, loop_key)

@@ -59,9 +59,11 @@ def test_a_new_process_finds_the_calibration(tmp_path):
     first = _call(store, xla_cache)
     files = sorted(os.listdir(store))
     forward = [name for name in files if name.startswith("forward-")]
-    # The loop's calibration, and the target's forward timed at 1 and at L + 1 tokens.
-    assert first["calibrations"] == 1 and len(files) == 3 and len(forward) == 2
-    assert all(name.endswith(".json") for name in files) and first["saved"] == 3
+    # The loop's calibration, and the target's forward timed at 1 and at L + 1 tokens (and AR's
+    # step ratio where the call's prices put it near a tie with AR: the next test's subject).
+    measured = [name for name in files if not name.startswith(against_ar.STORE_KIND + "-")]
+    assert first["calibrations"] == 1 and len(measured) == 3 and len(forward) == 2
+    assert all(name.endswith(".json") for name in files) and first["saved"] == len(files)
     assert os.listdir(xla_cache)
     second = _call(store, xla_cache)
     assert second["calibrations"] == 0 and second["saved"] == 0
@@ -150,3 +152,30 @@ def test_an_empty_directory_setting_keeps_nothing_on_disk(monkeypatch):
     monkeypatch.delenv(calibration_store.DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
     assert calibration_store.store_dir() == os.path.join("/somewhere", "ssd_jax", "calibration")
+
+
+def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):
+    """AR's step over the loop's plain step (measured for calls near a tie with AR) is kept beside
+    the loop's calibration: a later process (its memory cleared here) reads it instead of
+    building and timing AR's program, and gets the same ratio."""
+    from ssd_jax.engine import plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)      # every call checked
+    monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)    # measured, never a verdict
+    monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
+    measured = []
+    measure = against_ar.ar_step_ratio
+    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(1) or measure(*args))
+    target, _ = pair(vocab=64, seed=0, noise=0.3)
+    ratios = []
+    for _ in range(2):
+        monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())   # as in a new process
+        out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=40, method=ssd_jax.PLD(draft_len="auto"))
+        ratios.append(out.stats["ar_step_over_loop_plain"])
+    kept = [path for path in tmp_path.iterdir() if path.name.startswith(against_ar.STORE_KIND + "-")]
+    assert len(measured) == 1 and ratios[0] == ratios[1] and ratios[0] > 0
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["costs"] == [ratios[0]]

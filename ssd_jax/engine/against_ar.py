@@ -13,9 +13,11 @@ calls of its program start plain (with the verdicts' probes).
 
 AR's step is timed on its compiled program (the one a plain-from-start call runs) against the
 loop's plain step, both programs timed alike in interleaved rounds (a trimmed mean of the ratios,
-as the loop's calibration), once per program and argument shapes per process (kept in memory
-only: the calibration store holds the loop's calibrations); only for calls whose speculation the loop's own prices find
-within GAIN_CHECK of its plain steps, so calls that clearly pay never compile AR's program.
+as the loop's calibration), once per program and argument shapes per process, and kept on disk
+per loop program and machine beside the loop's calibration (`ssd_jax.engine.calibration_store`,
+"ar-ratio-" files: a later process neither builds nor times AR's program for it, ~2 s of a PLD
+call at T=1 on a 2-core CPU); only for calls whose speculation the loop's own prices find within
+GAIN_CHECK of its plain steps, so calls that clearly pay never compile AR's program.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from ssd_jax.engine import calibration_store
 from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, _CALIBRATION_TOKENS, agreed, timed_run,
                                      trimmed_mean)
 from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
@@ -79,6 +82,27 @@ def known_ratio(key) -> tuple[bool, float | None]:
     return True, None if np.isnan(cached) else cached
 
 
+STORE_KIND = "ar-ratio"
+
+
+def _plausible(ratio: float) -> bool:
+    return PLAUSIBLE_RATIO[0] <= ratio <= PLAUSIBLE_RATIO[1]
+
+
+def stored_ratio(loop_executable, key) -> tuple[bool, float | None]:
+    """`known_ratio`, else the ratio a process before kept on disk for the loop's program (then
+    remembered under key): (whether found, the ratio: None where implausible)."""
+    known, ratio = known_ratio(key)
+    if known:
+        return known, ratio
+    kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND))
+    if kept is None or len(kept) != 1:
+        return False, None
+    ratio = kept[0]
+    _AR_RATIO.store(key, ratio if _plausible(ratio) else float("nan"))
+    return True, ratio if _plausible(ratio) else None
+
+
 def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
     """AR's program's step over the adaptive loop's plain step, measured once per key: both
     programs (AR's with its args, the last one max_new; the loop's with its args, the last two
@@ -88,7 +112,8 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     ratios, the same on every process (`agreed`). Timed alike because two methods of timing
     differ by more than the difference sought (on CPU the loop's calibrated plain step came out
     12% below AR's timed by differences, where it does strictly more). None where a program's
-    longer run takes no extra step, or the ratio is outside PLAUSIBLE_RATIO (remembered as such)."""
+    longer run takes no extra step, or the ratio is outside PLAUSIBLE_RATIO (remembered as such
+    for the process); a plausible one is kept on disk too (`stored_ratio`)."""
     known, ratio = known_ratio(key)
     if known:
         return ratio
@@ -109,8 +134,10 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
                     for name in ("ar", "loop")}
         ratios.append(per_step["ar"] / per_step["loop"])
     ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
-    plausible = PLAUSIBLE_RATIO[0] <= ratio <= PLAUSIBLE_RATIO[1]
+    plausible = _plausible(ratio)
     _AR_RATIO.store(key, ratio if plausible else float("nan"))
+    if plausible:   # an implausible one is measured again by the next process
+        calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND), (ratio,))
     return ratio if plausible else None
 
 

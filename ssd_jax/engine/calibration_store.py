@@ -13,7 +13,9 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
 so another program, machine or library version never reads it. The per-forward timings the cost
 model starts from (`ssd_jax.engine.adaptive.forward_seconds`: 1 s a timed width on that machine,
 ~3 s of a fresh process's first "auto" call) are kept the same way, as files named "forward-"
-and a digest of the timed loop's lowered program. Files are written to a temporary
+and a digest of the timed loop's lowered program, and so is AR's step over the loop's plain step
+(`ssd_jax.engine.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
+timed AR's program again), as "ar-ratio-" files named by the loop's program. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
 absent (and is measured again and replaced).
 
@@ -85,16 +87,16 @@ def _digest(kind: str, text: str) -> str:
     return (f"{kind}-" if kind else "") + digest.hexdigest()[:32] + ".json"
 
 
-def entry_name(executable) -> str | None:
-    """The file name of the program's calibration (a digest), None where the program's text
-    cannot be had."""
+def entry_name(executable, kind: str = "") -> str | None:
+    """The file name of the program's calibration (kind "") or of another measurement of it (a
+    digest), None where the program's text cannot be had."""
     try:
         text = executable.as_text()
     except Exception:   # noqa: BLE001 - an executable without text is simply not kept on disk
         return None
     if not text:
         return None
-    return _digest("", text)
+    return _digest(kind, text)
 
 
 def _in_store(name: str) -> str | None:
@@ -104,11 +106,14 @@ def _in_store(name: str) -> str | None:
     return os.path.join(directory, name)
 
 
-def path_for(executable) -> str | None:
-    """Where the program's calibration is kept; None where it is kept in memory only (no
-    directory, several processes, no program text). Computed once per program: it hashes the
-    program's text."""
-    name = entry_name(executable)
+def path_for(executable, kind: str = "") -> str | None:
+    """Where the program's calibration (kind "") is kept, or another measurement of the program
+    (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.engine.against_ar`); None where
+    kept in memory only (no directory, several processes, no program text). Computed once per
+    program and kind: it hashes the program's text."""
+    if store_dir() is None or jax.process_count() > 1:
+        return None
+    name = entry_name(executable, kind)
     return None if name is None else _in_store(name)
 
 
