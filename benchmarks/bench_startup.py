@@ -16,6 +16,7 @@ the process's wall time, and from its stats the compile, cost-measurement and de
 Writes benchmarks/results/startup.json and startup.png (median wall seconds per configuration and
 state, stacked by where the time went).
     python benchmarks/bench_startup.py [--repeats 3] [--configs ar,sd,sd:4] [--prompt "def fibonacci(n):"]
+    python benchmarks/bench_startup.py --configs ar@1,pld@1 --prompt "..." --out benchmarks/results/startup_pld_t1
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ PARTS = ("compile_time_s", "cost_measure_time_s", "wall_time_s")
 
 
 def config_args(config: str) -> list[str]:
-    """Command-line options of a configuration: "ar", "sd" (its defaults: draft_len "auto"), or
-    "sd:4" (a fixed draft length)."""
+    """Command-line options of a configuration: "ar", "sd" (its defaults: draft_len "auto"), "sd:4"
+    (a fixed draft length), each optionally at a temperature: "pld@1"."""
+    config, _, temperature = config.partition("@")
     method, _, length = config.partition(":")
-    return ["--method", method] + (["--num-draft-tokens", length] if length else [])
+    return (["--method", method] + (["--num-draft-tokens", length] if length else [])
+            + (["--temperature", temperature] if temperature else []))
 
 
 def one_run(config: str, prompt: str, new_tokens: int, cache_home: str, state: str) -> dict:
@@ -113,7 +116,8 @@ def plot(results: dict, path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", default="ar,sd,sd:4", help="ar, sd (defaults), sd:L (fixed length)")
+    parser.add_argument("--configs", default="ar,sd,sd:4",
+                        help="ar, sd (defaults), sd:L (fixed length); @T for a temperature (pld@1)")
     parser.add_argument("--prompt", default="def fibonacci(n):")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -127,7 +131,7 @@ def main() -> None:
     try:
         for r in range(args.repeats):
             for config in configs:
-                home = os.path.join(scratch, f"{r}_{config.replace(':', '_')}")
+                home = os.path.join(scratch, f"{r}_{config.replace(':', '_').replace('@', '_t')}")
                 for state in STATES:
                     run = one_run(config, args.prompt, args.new_tokens, home, state)
                     runs[config][state].append(run)
@@ -138,7 +142,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
     results = {c: {s: summary(runs[c][s]) for s in STATES} for c in configs}
-    base = results.get("ar")
+    base = next((results[c] for c in configs if c.partition("@")[0] == "ar"), None)
     print()
     print(format_table(["config", "state", "process s", "compile s", "measure s", "decode s", "x AR's process"],
                        [[c, s, f"{v['process_s']:.2f}", f"{v['compile_time_s']:.2f}",

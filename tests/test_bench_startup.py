@@ -15,6 +15,8 @@ def test_configurations_name_the_command_line_options():
     assert bench_startup.config_args("ar") == ["--method", "ar"]
     assert bench_startup.config_args("sd") == ["--method", "sd"]
     assert bench_startup.config_args("sd:4") == ["--method", "sd", "--num-draft-tokens", "4"]
+    assert bench_startup.config_args("pld@1") == ["--method", "pld", "--temperature", "1"]
+    assert bench_startup.config_args("sd:2@0.5") == ["--method", "sd", "--num-draft-tokens", "2", "--temperature", "0.5"]
 
 
 def test_a_state_is_the_median_of_its_runs_and_the_plot_is_written(tmp_path):
