@@ -25,8 +25,11 @@ import ssd_jax
 from ssd_jax.engine import adaptive
 from spec_models import pair
 
-from ssd_jax.engine import calibration_store
+from ssd_jax.engine import against_ar, calibration_store
 
+# Never checked against AR's program: its ratio, kept on disk too, is another test's subject (and
+# on a loaded machine a first process can measure it implausible and keep nothing).
+against_ar.GAIN_CHECK = float("inf")
 measured, saved = [], []
 calibrate, save = adaptive._calibrate, calibration_store.save
 adaptive._calibrate = lambda *args, **kwargs: measured.append(1) or calibrate(*args, **kwargs)
@@ -59,11 +62,9 @@ def test_a_new_process_finds_the_calibration(tmp_path):
     first = _call(store, xla_cache)
     files = sorted(os.listdir(store))
     forward = [name for name in files if name.startswith("forward-")]
-    # The loop's calibration, and the target's forward timed at 1 and at L + 1 tokens (and AR's
-    # step ratio where the call's prices put it near a tie with AR: the next test's subject).
-    measured = [name for name in files if not name.startswith(against_ar.STORE_KIND + "-")]
-    assert first["calibrations"] == 1 and len(measured) == 3 and len(forward) == 2
-    assert all(name.endswith(".json") for name in files) and first["saved"] == len(files)
+    # The loop's calibration, and the target's forward timed at 1 and at L + 1 tokens.
+    assert first["calibrations"] == 1 and len(files) == 3 and len(forward) == 2
+    assert all(name.endswith(".json") for name in files) and first["saved"] == 3
     assert os.listdir(xla_cache)
     second = _call(store, xla_cache)
     assert second["calibrations"] == 0 and second["saved"] == 0
