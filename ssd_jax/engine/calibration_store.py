@@ -99,11 +99,11 @@ def entry_name(executable, kind: str = "") -> str | None:
     return _digest(kind, text)
 
 
-def _in_store(name: str) -> str | None:
+def _kept_in() -> str | None:
+    """The directory measurements are kept in, None where they stay in memory (no directory, or
+    a program spanning several processes)."""
     directory = store_dir()
-    if directory is None or jax.process_count() > 1:
-        return None
-    return os.path.join(directory, name)
+    return None if directory is None or jax.process_count() > 1 else directory
 
 
 def path_for(executable, kind: str = "") -> str | None:
@@ -111,10 +111,9 @@ def path_for(executable, kind: str = "") -> str | None:
     (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.engine.against_ar`); None where
     kept in memory only (no directory, several processes, no program text). Computed once per
     program and kind: it hashes the program's text."""
-    if store_dir() is None or jax.process_count() > 1:
-        return None
-    name = entry_name(executable, kind)
-    return None if name is None else _in_store(name)
+    directory = _kept_in()
+    name = None if directory is None else entry_name(executable, kind)
+    return None if name is None else os.path.join(directory, name)
 
 
 def path_for_text(kind: str, text: str) -> str | None:
@@ -122,7 +121,8 @@ def path_for_text(kind: str, text: str) -> str | None:
     measured, the file name's prefix, e.g. "forward" for `ssd_jax.engine.adaptive.forward_seconds`);
     None where kept in memory only. Keyed by the text, so a change of the models' code measures
     again."""
-    return _in_store(_digest(kind, text))
+    directory = _kept_in()
+    return None if directory is None else os.path.join(directory, _digest(kind, text))
 
 
 def load(path: str | None) -> tuple[float, ...] | None:

@@ -113,16 +113,14 @@ COMMAND_LINE_CACHE_BYTES = 2 << 30
 
 
 def command_line_directory() -> str | None:
-    """The compile cache a command-line run keeps when not told (`ssd-jax generate` without
-    --compile-cache): $SSD_JAX_COMPILE_CACHE ("" : none); none where JAX's own persistent cache is
-    already set up (JAX_COMPILATION_CACHE_DIR: that choice stands); else ~/.cache/ssd_jax/xla
-    ($XDG_CACHE_HOME honoured). A command line is a process of its own, so the process-wide
+    """The compile cache a command-line run keeps when neither --compile-cache nor
+    $SSD_JAX_COMPILE_CACHE names one: none where JAX's own persistent cache is already set up
+    (JAX_COMPILATION_CACHE_DIR: that choice stands), else ~/.cache/ssd_jax/xla ($XDG_CACHE_HOME
+    honoured). A command line is a process of its own, so the process-wide
     setting is its to make, and without it every run compiled its programs again: the README's
     main job spent 11 s of a 16 s first run compiling "auto"'s loop on a 2-core CPU (AR: 1.4 s)."""
     import jax
 
-    if PERSISTENT_ENV in os.environ:
-        return os.environ[PERSISTENT_ENV] or None
     if jax.config.jax_compilation_cache_dir:
         return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -131,8 +129,9 @@ def command_line_directory() -> str | None:
 
 def use_command_line_cache(directory: str | None) -> str | None:
     """The command line's compile cache: `directory` as --compile-cache gave it ("": none), else
-    `command_line_directory()`, bounded to COMMAND_LINE_CACHE_BYTES (where the `filelock` package
-    JAX's eviction needs is installed; unbounded otherwise). A directory named by the flag or by
+    $SSD_JAX_COMPILE_CACHE's ("": none), else `command_line_directory()`, bounded to
+    COMMAND_LINE_CACHE_BYTES (where the `filelock` package JAX's eviction needs is installed;
+    unbounded otherwise). A directory named by the flag or by
     $SSD_JAX_COMPILE_CACHE that cannot be made is an InputError; the default one only warns (the
     run compiles as without one). Returns the directory in use."""
     import warnings
