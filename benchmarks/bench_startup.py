@@ -13,10 +13,13 @@ The states are interleaved per repeat and configuration (first, later, no_xla on
 then the next configuration), so a drift of the machine's speed hits all of them alike. Per run:
 the process's wall time, and from its stats the compile, cost-measurement and decode seconds.
 
+A streamed configuration ("sd+stream") prints its text, not JSON: only its process time is kept.
+
 Writes benchmarks/results/startup.json and startup.png (median wall seconds per configuration and
 state, stacked by where the time went).
     python benchmarks/bench_startup.py [--repeats 3] [--configs ar,sd,sd:4] [--prompt "def fibonacci(n):"]
     python benchmarks/bench_startup.py --configs ar@1,pld@1 --prompt "..." --out benchmarks/results/startup_pld_t1
+    python benchmarks/bench_startup.py --configs ar+stream,sd+stream --out benchmarks/results/startup_stream
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ PARTS = ("compile_time_s", "cost_measure_time_s", "wall_time_s")
 
 def config_args(config: str) -> list[str]:
     """Command-line options of a configuration: "ar", "sd" (its defaults: draft_len "auto"), "sd:4"
-    (a fixed draft length), each optionally at a temperature: "pld@1"."""
+    (a fixed draft length), each optionally at a temperature ("pld@1") and streamed ("sd+stream")."""
+    config, streamed = (config[:-len("+stream")], True) if config.endswith("+stream") else (config, False)
     config, _, temperature = config.partition("@")
     method, _, length = config.partition(":")
     return (["--method", method] + (["--num-draft-tokens", length] if length else [])
-            + (["--temperature", temperature] if temperature else []))
+            + (["--temperature", temperature] if temperature else []) + (["--stream"] if streamed else ["--json"]))
 
 
 def one_run(config: str, prompt: str, new_tokens: int, cache_home: str, state: str) -> dict:
@@ -60,13 +64,15 @@ def one_run(config: str, prompt: str, new_tokens: int, cache_home: str, state: s
     env["XDG_CACHE_HOME"] = cache_home
     if state == "no_xla":
         env["SSD_JAX_COMPILE_CACHE"] = ""
-    command = [sys.executable, "-m", "ssd_jax.cli", "generate", prompt, "--json", "--max-new-tokens",
+    command = [sys.executable, "-m", "ssd_jax.cli", "generate", prompt, "--max-new-tokens",
                str(new_tokens)] + config_args(config)
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env, timeout=900)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"bench_startup: {config} ({state}) failed:\n{done.stderr[-2000:]}")
+    if "--stream" in command:   # the text, then a line of stats without the times: the process's only
+        return dict(process_s=wall, tokens=0, **{part: 0.0 for part in PARTS})
     stats = json.loads(done.stdout)["stats"]
     return dict(process_s=wall, tokens=int(stats["num_generated_tokens"]),
                 **{part: float(stats.get(part) or 0.0) for part in PARTS})
@@ -90,17 +96,23 @@ def plot(results: dict, path: str) -> None:
                   rest="#bbbbbb")
     names = dict(compile_time_s="compile (or load)", cost_measure_time_s="cost measurement",
                  wall_time_s="decode", rest="imports, model load, other")
+    streamed = [c.endswith("+stream") for c in configs]   # their stats are not split
     for s, state in enumerate(STATES):
-        xs = [c + (s - 1) * width for c in range(len(configs))]
+        xs = np.asarray([c + (s - 1) * width for c in range(len(configs))])
         bottom = np.zeros(len(configs))
         for part in PARTS + ("rest",):
             if part == "rest":
                 values = np.asarray([results[c][state]["process_s"] for c in configs]) - bottom
             else:
                 values = np.asarray([results[c][state][part] for c in configs])
-            ax.bar(xs, values, width * 0.92, bottom=bottom, color=colors[part],
-                   label=names[part] if s == 0 else None)
+            split = ~np.asarray(streamed)
+            ax.bar(xs[split], values[split], width * 0.92, bottom=bottom[split], color=colors[part],
+                   label=names[part] if s == 0 and split.any() else None)
             bottom = bottom + values
+        if any(streamed):
+            whole = np.asarray(streamed)
+            ax.bar(xs[whole], bottom[whole], width * 0.92, color="#8172b3", hatch="//",
+                   label="streamed run (not split)" if s == 0 else None)
         for x, total in zip(xs, bottom):
             ax.text(x, total, f"{state}\n{total:.1f}", ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(configs)))
@@ -117,7 +129,9 @@ def plot(results: dict, path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default="ar,sd,sd:4",
-                        help="ar, sd (defaults), sd:L (fixed length); @T for a temperature (pld@1)")
+                        help="ar, sd (defaults), sd:L (fixed length); @T for a temperature (pld@1); "
+                             "+stream streamed (sd+stream: its process time only, the streamed text has no "
+                             "JSON stats)")
     parser.add_argument("--prompt", default="def fibonacci(n):")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
@@ -131,7 +145,7 @@ def main() -> None:
     try:
         for r in range(args.repeats):
             for config in configs:
-                home = os.path.join(scratch, f"{r}_{config.replace(':', '_').replace('@', '_t')}")
+                home = os.path.join(scratch, f"{r}_{config.replace(':', '_').replace('@', '_t').replace('+', '_')}")
                 for state in STATES:
                     run = one_run(config, args.prompt, args.new_tokens, home, state)
                     runs[config][state].append(run)
@@ -142,7 +156,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
     results = {c: {s: summary(runs[c][s]) for s in STATES} for c in configs}
-    base = next((results[c] for c in configs if c.partition("@")[0] == "ar"), None)
+    base = next((results[c] for c in configs if c.partition("@")[0].removesuffix("+stream") == "ar"), None)
     print()
     print(format_table(["config", "state", "process s", "compile s", "measure s", "decode s", "x AR's process"],
                        [[c, s, f"{v['process_s']:.2f}", f"{v['compile_time_s']:.2f}",

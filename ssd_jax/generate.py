@@ -19,10 +19,10 @@ from ssd_jax.engine.adaptive import timings_allowed
 from ssd_jax.engine.auto_shape import open_paths, shaped
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.compile_cache import PROGRAMS, signature
-from ssd_jax.engine.decoder import decode_arrays, split_cascade
+from ssd_jax.engine.decoder import begin_arrays, decode_arrays, resume_arrays, split_cascade
 from ssd_jax.engine.output import GenerateOutput, generate_output
 from ssd_jax.engine.prompts import bucket, prepare_prompts, row_keys
-from ssd_jax.engine.streaming import streaming_to
+from ssd_jax.engine.streaming import stream_pieces
 from ssd_jax.errors import InputError
 from ssd_jax.methods import AR, DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
 from ssd_jax.model import Model
@@ -85,6 +85,12 @@ def _colocated(method: Method, target: Model, draft):
     return draft
 
 
+def _device_scalar_or_vector(target: Model, x: np.ndarray) -> jax.Array:
+    """A small host array as a program argument: on the default device, or replicated on a
+    sharded target's mesh (a global array, so the program also runs across processes)."""
+    return jnp.asarray(x) if target.placement is None else place_array(x, target.placement.replicated())
+
+
 def _replicated(target: Model, tree):
     """A pytree of arrays (e.g. a MaxGram's table) replicated on a sharded target's mesh."""
     if target.placement is None:
@@ -140,7 +146,11 @@ def generate(
     row's output does not depend on its batch), or one key per row; None means PRNGKey(0); the
     same key gives the same tokens as `ssd_jax.decode`.
     stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
-    are produced (row b produced new_tokens[b, :counts[b]]); it costs a small host copy per step.
+    are produced (row b produced new_tokens[b, :counts[b]]): the decode runs in pieces of a few
+    tokens, doubling while a piece takes under 0.1 s (`ssd_jax.engine.streaming`), each piece one
+    read back to the host, by programs the persistent compilation cache keeps. A
+    fixed method streams the tokens of the unstreamed call; under draft_len "auto" each piece's
+    end also ends the loop's phase, so at T > 0 the samples may differ (the law is the target's).
     Returns GenerateOutput(tokens, finish_reasons, stats). Raises InputError on bad arguments,
     including the keyword options of the old API (num_draft_tokens=, num_paths=, ...): the
     message names the method object to use instead.
@@ -262,7 +272,7 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
 def _ar_executable(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple:
     """AR's compiled program on a call's inputs, the one a plain-from-start call runs: (executable,
     args, program key, seconds compiling it now: 0.0 when cached)."""
-    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key, False)
+    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key)
     program_key = key_parts + (None,)   # _generate_sync's for AR: no plan
     executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
     return executable, args, program_key, compile_s
@@ -289,27 +299,29 @@ def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingP
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
                    stream) -> GenerateOutput:
-    """`generate` of every method but SSD: one jitted decode program."""
+    """`generate` of every method but SSD: one jitted decode program, or streamed, two run in
+    pieces (`ssd_jax.engine.streaming`)."""
     draft = _colocated(method, target, draft)
     streaming = stream is not None
-    fn, args, key_parts = _program(method, target, draft, batch, max_new_tokens, sampling, key, streaming)
+    fn, args, key_parts = _program(method, target, draft, batch, max_new_tokens, sampling, key)
     auto = _auto_plan(method, args[0], args[1], sampling, batch, int(max_new_tokens)) \
         if getattr(method, "adaptive", False) else None
     if auto is not None:
-        fn = functools.partial(_decode_with_costs, plan=auto.plan, **fn.keywords)
-        args = args + (jnp.asarray(auto.loop_inputs) if target.placement is None
-                       else place_array(auto.loop_inputs, target.placement.replicated()),)
+        fn = functools.partial(fn.func, plan=auto.plan, **fn.keywords)
+        args = args + (_device_scalar_or_vector(target, np.asarray(auto.loop_inputs, np.float32)),)
     program_key = key_parts + (auto and auto.plan,)
-    executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
-    # Keyed like the executable (argument shapes too): a program for another batch, prompt bucket
-    # or model pair has step costs of its own, and AR's step against its plain step.
-    call_key = (program_key, signature(args)) if auto is not None else None
-    if auto is not None and not streaming:
-        args = args[:-1] + (auto.calibrate(executable, args, call_key),)
-    start = time.perf_counter()
-    with streaming_to(stream):
+    if streaming:
+        output, wall, compile_s = _streamed(fn.keywords, program_key, args, stream, target)
+    else:
+        executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
+        # Keyed like the executable (argument shapes too): a program for another batch, prompt bucket
+        # or model pair has step costs of its own, and AR's step against its plain step.
+        call_key = (program_key, signature(args)) if auto is not None else None
+        if auto is not None:
+            args = args[:-1] + (auto.calibrate(executable, args, call_key),)
+        start = time.perf_counter()
         output = jax.block_until_ready(executable(*args))
-    wall = time.perf_counter() - start
+        wall = time.perf_counter() - start
     stats = _method_stats(method, draft, sampling, output)
     counters = output.counters["spec"]
     if auto is not None:
@@ -322,16 +334,34 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
                            counters, wall, compile_s, stats, drafts=method.name != "ar")
 
 
-def _program(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
-             streaming: bool) -> tuple:
+def _streamed(options: dict, program_key: tuple, args: tuple, sink, target: Model) -> tuple:
+    """A decode streamed to sink in pieces (`ssd_jax.engine.streaming.stream_pieces`) by two
+    programs from the compile cache, begin and resume (`decode_arrays`' options and arguments;
+    resume's state donated): (output, wall seconds, seconds compiling)."""
+    begin, begin_s = PROGRAMS.compiled(functools.partial(_begin, **options), ("begin",) + program_key[1:], *args)
+    resume_fn = functools.partial(_resume, **options)
+    resume: dict = {}
+
+    def next_piece(state, pause_at: int):
+        pause = _device_scalar_or_vector(target, np.asarray(pause_at, np.int32))
+        if "program" not in resume:   # compiled on the first state (its shapes and shardings)
+            resume["program"], resume["compile_s"] = PROGRAMS.compiled(
+                resume_fn, ("resume",) + program_key[1:], state, pause, *args, donate_argnums=(0,))
+        return resume["program"](state, pause, *args)
+
+    output, wall = stream_pieces(lambda: begin(*args), next_piece, sink)
+    resume_s = resume.get("compile_s", 0.0)
+    return output, wall - resume_s, begin_s + resume_s
+
+
+def _program(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple:
     """A call's decode program before any adaptive costs: (fn, args, the program key's parts), the
     draft already colocated. The key's last part, the adaptive plan, is the caller's."""
     out_size = bucket(max_new_tokens)
     eos_ids = tuple(target.config.eos_token_ids or ())
     args = (_bare(target), _bare_draft(draft)) + _inputs(target, batch, key, max_new_tokens)
-    fn = functools.partial(decode_arrays, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size,
-                           stream=streaming)
-    return fn, args, ("decode", method, sampling, eos_ids, out_size, streaming)
+    fn = functools.partial(_decode, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size)
+    return fn, args, ("decode", method, sampling, eos_ids, out_size)
 
 
 def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
@@ -374,8 +404,19 @@ def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingPar
     return dict(loses_to_ar=lost, **found)
 
 
-def _decode_with_costs(target, draft, tokens, lengths, keys, max_new, costs, **options):
+def _decode(target, draft, tokens, lengths, keys, max_new, costs=None, **options):
+    """`decode_arrays` with the adaptive loop's cost inputs as an argument ("auto"; else none)."""
     return decode_arrays(target, draft, tokens, lengths, keys, max_new, costs=costs, **options)
+
+
+def _begin(target, draft, tokens, lengths, keys, max_new, costs=None, **options):
+    """`begin_arrays`, arguments as `_decode`'s."""
+    return begin_arrays(target, draft, tokens, lengths, keys, max_new, costs=costs, **options)
+
+
+def _resume(state, pause_at, target, draft, tokens, lengths, keys, max_new, costs=None, **options):
+    """`resume_arrays` from state until pause_at, the other arguments as `_decode`'s."""
+    return resume_arrays(target, draft, tokens, lengths, keys, max_new, state, pause_at, costs=costs, **options)
 
 
 @dataclasses.dataclass

@@ -431,6 +431,44 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
         assert counters.ar_steps.max() > 0
 
 
+@pytest.mark.parametrize("method, costs", [
+    (ssd_jax.SD(draft_len="auto"), ALWAYS_SPECULATE),
+    (ssd_jax.SD(draft_len="auto"), DRAFT_THEN_PLAIN),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), CHEAP),
+], ids=["sd", "sd-then-plain", "pld-then-plain"])
+def test_sampled_law_when_decoded_in_pieces(tiny_models, method, costs):
+    """T=1, the adaptive loop run in pieces as `generate` streams (`begin_arrays`, then
+    `resume_arrays` pausing once every row has one more token): each pause ends the loop's phase
+    (the draft reads the tokens it missed, the next phase starts afresh), and the law over 3
+    tokens stays the target's."""
+    from ssd_jax.engine.decoder import begin_arrays, resume_arrays
+
+    target, draft = tiny_models
+    draft = draft if method.drafts_with_model else None
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1, 0, 2]
+    tokens, lengths = _padded([prompt] * SAMPLES)
+    keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
+    plan = adaptive.AutoPlan(draft_len=2, threshold=None, capped=True)
+    options = dict(method=method, sampling=sampling, eos_ids=(), out_size=NEW + 8, plan=plan)
+    begin = jax.jit(lambda t, d, c: begin_arrays(t, d, tokens, lengths, keys, np.int32(NEW), costs=c, **options))
+    resume = jax.jit(lambda t, d, c, state, pause: resume_arrays(t, d, tokens, lengths, keys, np.int32(NEW), state,
+                                                                 pause, costs=c, **options))
+    state, out = begin(target, draft, costs)
+    pieces = 0
+    while not np.all(np.asarray(out.finish_reason) != 0):
+        state, out = resume(target, draft, costs, state, np.int32(np.min(np.asarray(out.num_tokens)) + 1))
+        pieces += 1
+    assert pieces == NEW - 1   # one token each: every row speculates at most one step per piece
+    counts = np.zeros((VOCAB,) * NEW)
+    for row in np.asarray(out.tokens)[:, :NEW]:
+        counts[tuple(row)] += 1
+    freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
+    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
+    assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
+    assert jax.device_get(out.counters["spec"]).num_drafts.min() > 0   # speculative steps happened
+
+
 # ---------------------------------------------------------------------------- the stopping rule
 
 

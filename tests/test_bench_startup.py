@@ -12,11 +12,13 @@ from benchmarks import bench_startup  # noqa: E402
 
 
 def test_configurations_name_the_command_line_options():
-    assert bench_startup.config_args("ar") == ["--method", "ar"]
-    assert bench_startup.config_args("sd") == ["--method", "sd"]
-    assert bench_startup.config_args("sd:4") == ["--method", "sd", "--num-draft-tokens", "4"]
-    assert bench_startup.config_args("pld@1") == ["--method", "pld", "--temperature", "1"]
-    assert bench_startup.config_args("sd:2@0.5") == ["--method", "sd", "--num-draft-tokens", "2", "--temperature", "0.5"]
+    assert bench_startup.config_args("ar") == ["--method", "ar", "--json"]
+    assert bench_startup.config_args("sd") == ["--method", "sd", "--json"]
+    assert bench_startup.config_args("sd:4") == ["--method", "sd", "--num-draft-tokens", "4", "--json"]
+    assert bench_startup.config_args("pld@1") == ["--method", "pld", "--temperature", "1", "--json"]
+    assert bench_startup.config_args("sd:2@0.5") == ["--method", "sd", "--num-draft-tokens", "2", "--temperature", "0.5",
+                                                     "--json"]
+    assert bench_startup.config_args("sd@1+stream") == ["--method", "sd", "--temperature", "1", "--stream"]
 
 
 def test_a_state_is_the_median_of_its_runs_and_the_plot_is_written(tmp_path):

@@ -200,7 +200,7 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
         parts = speculative.speculative_parts(obj, target.params, target.config, draft.params, draft.config,
                                               SamplingParams(temperature), tokens.shape[1], 64)
         state = run(parts, target.params, target.config, tokens, lengths, keys, jnp.asarray(40, jnp.int32),
-                    jnp.asarray([-1], jnp.int32), sampling=SamplingParams(temperature), out_size=64, stream=False)
+                    jnp.asarray([-1], jnp.int32), sampling=SamplingParams(temperature), out_size=64)
         return state.outputs.out, state.outputs.num_out, state.counters, state.tcache
 
     out, num_out, counters, tcache = decode(target, draft, jnp.asarray(batch.tokens), jnp.asarray(batch.lengths),

@@ -90,7 +90,7 @@ from flax import struct
 
 from ssd_jax.backend import policy_for
 from ssd_jax.engine.shadow import chain_counts, shadow_counts
-from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, room_gated, start
+from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, paused, room_gated, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
@@ -451,12 +451,45 @@ def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Arr
 
 def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
                  max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
-                 out_size: int, stream: bool, placement=None) -> DecodeState:
+                 out_size: int, placement=None) -> DecodeState:
     """`ssd_jax.engine.skeleton.run` with the per-step cap and the fallback to plain decoding.
     parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
     float32 [NUM_COST_INPUTS (+ L)] (`ssd_jax.engine.adaptive.loop_inputs`). Returns the final DecodeState."""
+    state = begin_adaptive(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, costs, sampling=sampling,
+                           out_size=out_size, placement=placement)
+    return resume_adaptive(parts, tparams, keys, max_new, eos_ids, costs, state, sampling=sampling).decode
+
+
+def begin_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+                   max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
+                   out_size: int, placement=None) -> AdaptiveState:
+    """Prefill, the first token and the adaptive loop's state on entry (its memories at the prior,
+    the first choice made): `run_adaptive`'s arguments, no step taken."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
-                  out_size=out_size, stream=stream, placement=placement)
+                  out_size=out_size, placement=placement)
+    initial, _ = _loop_functions(parts, tparams, keys, max_new, eos_ids, costs, sampling=sampling,
+                                 batch=tokens.shape[0], pause_at=None)
+    return initial(state)
+
+
+def resume_adaptive(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
+                    state: AdaptiveState, pause_at: jax.Array | None = None, *,
+                    sampling: SamplingParams) -> AdaptiveState:
+    """The adaptive loop from `state` (`begin_adaptive`'s, or a paused one) until every row is
+    done, or where pause_at (int32 []) is given, until every row is done or holds pause_at tokens
+    (`ssd_jax.engine.skeleton.paused`): the phase running then ends as at a call's end (the draft
+    reads the tokens it missed), and a later call goes on from the state returned. A pause changes
+    the loop's later choices, never what they may depend on: the output law stays the target's
+    (at T=0 the tokens are the same)."""
+    _, loop = _loop_functions(parts, tparams, keys, max_new, eos_ids, costs, sampling=sampling,
+                              batch=state.decode.cur.shape[0], pause_at=pause_at)
+    return loop(state)
+
+
+def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
+                    *, sampling: SamplingParams, batch: int, pause_at: jax.Array | None):
+    """(initial, loop): initial(DecodeState on entry) -> AdaptiveState, the memories at the prior and
+    the first choice made; loop(AdaptiveState) -> AdaptiveState, the loop's phases until `paused`."""
     costs = costs.astype(jnp.float32)
     c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
     L = parts.draft_len
@@ -471,9 +504,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     # are chosen (the linear cost below is right at those, and under-prices the caps between).
     candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(getattr(parts, "verify_caps", (L,)))))
     forced = forced_cap > 0
-    batch = tokens.shape[0]
     lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
-    pending, pending_len = parts.pending(state.inner)
     a = jnp.clip(prior_acceptance, 0.0, 0.999)
     prior_reached = jnp.broadcast_to(a ** (lengths_1_to_L - 1), (batch, L))
     prior_accepted = jnp.broadcast_to(a ** lengths_1_to_L, (batch, L))
@@ -482,19 +513,20 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     long_prior = BATCH_PRIOR_STEPS if batch > 1 and takes_cap and shadow is None else PRIOR_STEPS
     separate_cap_memory = batch > 1 and takes_cap and shadow is None and sampling.greedy
     zero = jnp.zeros((), jnp.int32)
-    initial = AdaptiveState(decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
-                            long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
-                            cap_reached=long_prior * prior_reached, cap_accepted=long_prior * prior_accepted,
-                            long_steps=jnp.asarray(long_prior, jnp.float32),
-                            extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
-                            forward_share=jnp.ones((), jnp.float32),
-                            spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
-                            pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
-                            cap=zero, pays=jnp.zeros((), bool),
-                            chosen=zero)
+
+    def initial_state(state: DecodeState) -> AdaptiveState:
+        pending, pending_len = parts.pending(state.inner)
+        return AdaptiveState(
+            decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
+            long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
+            cap_reached=long_prior * prior_reached, cap_accepted=long_prior * prior_accepted,
+            long_steps=jnp.asarray(long_prior, jnp.float32), extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
+            forward_share=jnp.ones((), jnp.float32), spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
+            pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
+            cap=zero, pays=jnp.zeros((), bool), chosen=zero)
 
     def running(s: AdaptiveState):
-        return ~jnp.all(s.decode.outputs.done)
+        return ~paused(s.decode.outputs, pause_at)
 
     def fits(s: AdaptiveState) -> jax.Array:
         """Whether every running row has room for a speculative step (`room_gated` parts: a tree
@@ -635,7 +667,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
             verdict = parts.step(d, step_keys, active, cap=cap)
         else:
             verdict = parts.step(d, step_keys, active, cap=cap, width=width)
-        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=True)
+        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, drafted=True)
         d = d.replace(counters=d.counters.record_cap(cap if takes_cap else jnp.asarray(L, jnp.int32)))
         reached, hit = position_counts(verdict, active, L)
         if verdict.draft_forwards is None or L == 1:
@@ -649,7 +681,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         d = s.decode
         active = ~d.outputs.done
         verdict = parts.ar_step(d, fold_rows(keys, d.step), active)
-        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, stream=stream, drafted=False)
+        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, drafted=False)
         rows = jnp.arange(s.pending.shape[0])
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
@@ -752,6 +784,8 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
         # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
         # speculation that paid resets it.
         failed = probe & (s.spec_steps == 1)
+        if pause_at is not None:   # a probe that paid, stopped by a pause, did not fail
+            failed &= ~s.pays | ~paused(s.decode.outputs, pause_at)
         backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF),
                             jnp.where(s.spec_steps > 0, 1, s.backoff))
         wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
@@ -773,4 +807,7 @@ def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                   steps / PLAIN_BLOCK)
         return decide(s)
 
-    return jax.lax.while_loop(running, phase, decide(initial)).decode
+    def initial(state: DecodeState) -> AdaptiveState:
+        return decide(initial_state(state))
+
+    return initial, functools.partial(jax.lax.while_loop, running, phase)

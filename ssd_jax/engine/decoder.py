@@ -4,6 +4,8 @@ compiled program."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -12,8 +14,8 @@ from ssd_jax.backend import policy_for
 from ssd_jax.engine.autoregressive import ar_parts, in_loop_params
 from ssd_jax.engine.cascade import cascade_parts
 from ssd_jax.engine.retrieval import retrieval_parts
-from ssd_jax.engine.adaptive_loop import run_adaptive
-from ssd_jax.engine.skeleton import run
+from ssd_jax.engine.adaptive_loop import begin_adaptive, resume_adaptive, run_adaptive
+from ssd_jax.engine.skeleton import loop, run, start
 from ssd_jax.engine.speculative import speculative_parts
 from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
 from ssd_jax.model import Model
@@ -60,11 +62,9 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
                              sampling, prompt_width, out_size, plan=plan)
 
 
-def _extra_rows(rows: int, method: Method, target: Model, stream: bool) -> int:
+def _extra_rows(rows: int, method: Method, target: Model) -> int:
     """Copies of row 0 to add: up to the policy's min_decode_rows for AR, and up to a multiple
-    of the placement's batch axis size (never while streaming, whose sink sees every row)."""
-    if stream:
-        return 0
+    of the placement's batch axis size (`decode_arrays`; a decode run in pieces adds none)."""
     padded = max(rows, policy_for(target).min_decode_rows) if isinstance(method, AR) else rows
     if target.placement is not None:
         ways = target.placement.batch_ways()
@@ -74,22 +74,71 @@ def _extra_rows(rows: int, method: Method, target: Model, stream: bool) -> int:
 
 def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
                   *, method: Method, sampling: SamplingParams, eos_ids: tuple, out_size: int,
-                  stream: bool = False, plan=None, costs=None) -> DecodeOutput:
+                  plan=None, costs=None) -> DecodeOutput:
     """Traced decode of right-padded tokens int32 [B, T] (lengths int32 [B]) with per-row keys
     uint32 [B, 2]; at most max_new (int32 []) tokens per row in out_size slots; inputs trusted.
 
     AR with fewer rows than the backend policy's `min_decode_rows` runs on copies of row 0 added
     up to that many (rows are independent, so row 0's copies change nothing) and returns the
     real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`).
-    Likewise, with a target sharded over a "data" axis of size d (and no stream), the batch is
-    padded with copies of row 0 to a multiple of d so its rows split evenly over "data".
+    Likewise, with a target sharded over a "data" axis of size d, the batch is padded with copies
+    of row 0 to a multiple of d so its rows split evenly over "data".
     A method with draft_len "auto" runs the adaptive loop (`ssd_jax.engine.adaptive_loop`) with
     plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.engine.adaptive.loop_inputs`); both
     default to what this process knows of the pair (`ssd_jax.engine.adaptive.default_plan`)."""
     rows = tokens.shape[0]
-    extra = _extra_rows(rows, method, target, stream)
+    extra = _extra_rows(rows, method, target)
     if extra:
         tokens, lengths, keys = (jnp.concatenate([x, jnp.repeat(x[:1], extra, axis=0)]) for x in (tokens, lengths, keys))
+    setup = _setup(target, draft, tokens, lengths, keys, max_new, method, sampling, eos_ids, out_size, plan, costs)
+    if setup.costs is not None:
+        state = run_adaptive(*setup.loop_args, setup.costs, **setup.loop_options)
+    else:
+        state = run(*setup.loop_args, **setup.loop_options)
+    return _output(state, method, target, rows, extra)
+
+
+def begin_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
+                 *, method: Method, sampling: SamplingParams, eos_ids: tuple, out_size: int, plan=None, costs=None):
+    """The state `decode_arrays`' loop starts from (prefill, the first token; the adaptive loop's
+    memories and first choice), for a decode run in pieces (`resume_arrays`): how `generate`
+    streams. `decode_arrays`' arguments; no rows are added. Returns (state, `DecodeOutput` of the
+    first token)."""
+    setup = _setup(target, draft, tokens, lengths, keys, max_new, method, sampling, eos_ids, out_size, plan, costs)
+    if setup.costs is not None:
+        state = begin_adaptive(*setup.loop_args, setup.costs, **setup.loop_options)
+    else:
+        state = start(*setup.loop_args, **setup.loop_options)
+    return state, _output(state, method, target, tokens.shape[0], 0)
+
+
+def resume_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
+                  state, pause_at: jax.Array, *, method: Method, sampling: SamplingParams, eos_ids: tuple,
+                  out_size: int, plan=None, costs=None):
+    """The decode from `state` (`begin_arrays`' or this function's) until every row is done or
+    holds pause_at (int32 []) tokens (`ssd_jax.engine.skeleton.paused`), with `begin_arrays`'
+    arguments. Returns (state, `DecodeOutput` so far). Without "auto", the pieces' tokens are one
+    `decode_arrays`' for the same key; with it, the adaptive loop's choices after a pause differ
+    (the law is the target's either way)."""
+    setup = _setup(target, draft, tokens, lengths, keys, max_new, method, sampling, eos_ids, out_size, plan, costs)
+    parts, tparams, _, _, _, keys, max_new, eos = setup.loop_args
+    if setup.costs is not None:
+        state = resume_adaptive(parts, tparams, keys, max_new, eos, setup.costs, state, pause_at, sampling=sampling)
+    else:
+        state = loop(parts, keys, max_new, eos, state, pause_at)
+    return state, _output(state, method, target, tokens.shape[0], 0)
+
+
+class _Setup(NamedTuple):
+    loop_args: tuple       # the skeleton's: parts, target params and config, tokens, lengths, keys, max_new, eos
+    loop_options: dict     # sampling, out_size, placement
+    costs: jax.Array | None   # the adaptive loop's cost inputs (None: not "auto")
+
+
+def _setup(target: Model, draft, tokens, lengths, keys, max_new, method: Method, sampling: SamplingParams,
+           eos_ids: tuple, out_size: int, plan, costs) -> _Setup:
+    """What the decode loops take: the method's parts and the loop's arguments (rows pinned to the
+    target's placement), and for "auto" its cost inputs (None: not adaptive)."""
     if target.placement is not None:
         row_sharding = target.placement.rows(tokens.shape[0])
         tokens, lengths, keys = (jax.lax.with_sharding_constraint(x, row_sharding) for x in (tokens, lengths, keys))
@@ -105,11 +154,15 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
     loop_args = (parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,
                  jnp.asarray(max_new, jnp.int32), eos)
-    loop_options = dict(sampling=sampling, out_size=out_size, stream=stream, placement=target.placement)
-    if adaptive:
-        state = run_adaptive(*loop_args, jnp.asarray(costs, jnp.float32), **loop_options)
-    else:
-        state = run(*loop_args, **loop_options)
+    options = dict(sampling=sampling, out_size=out_size, placement=target.placement)
+    return _Setup(loop_args=loop_args, loop_options=options,
+                  costs=jnp.asarray(costs, jnp.float32) if adaptive else None)
+
+
+def _output(state, method: Method, target: Model, rows: int, extra: int) -> DecodeOutput:
+    """The DecodeOutput of a loop state (a DecodeState, or the adaptive loop's) of rows + extra
+    rows, the extra ones (copies of row 0) dropped; replicated where the target is sharded."""
+    state = getattr(state, "decode", state)
     counters = dict(spec=state.counters)
     if isinstance(method, CSD):
         counters["reviews"] = state.inner.counters

@@ -1,7 +1,8 @@
 """The one decode skeleton under every synchronous method: prefill, the first token, then one
 `lax.while_loop` whose body asks the method for its step (draft -> target forward -> verify ->
 commit) and does the rest once: emission of the step's tokens, EOS and length limits, finish
-reasons, streaming and counters.
+reasons and counters. The loop can also stop early and go on in a later program (`loop`'s
+pause_at): how `generate` streams, chunk by chunk, with programs that hold no host callback.
 
 A method supplies a `Parts` object (see `ssd_jax.engine.decoder.make_parts`):
   capacity: int         KV cache slots of the method's buffers (the target's cache takes at most
@@ -32,7 +33,6 @@ from flax import struct
 
 from ssd_jax.backend import policy_for
 from ssd_jax.engine.emission import Outputs, append, emitted_tokens, stop_rows
-from ssd_jax.engine.streaming import emit
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
@@ -166,7 +166,7 @@ def step_room(parts: Parts, outputs: Outputs, max_new: jax.Array) -> jax.Array |
 
 
 def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
-          max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int, stream: bool,
+          max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
           placement=None) -> DecodeState:
     """Prefill, the first token and the loop state on entry (step 1)."""
     b = tokens.shape[0]
@@ -175,20 +175,16 @@ def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
                              placement)
     first = sample_rows(sampling, fold_rows(keys, 0), logits)
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
-    if stream:
-        emit(first[:, None], ones)
     return DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
                        cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
 
 
 def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Array, max_new: jax.Array,
-            eos_ids: jax.Array, *, stream: bool, drafted: bool) -> tuple[DecodeState, jax.Array]:
-    """Everything after a step: emission, EOS and length limits, streaming, counters (drafted:
+            eos_ids: jax.Array, *, drafted: bool) -> tuple[DecodeState, jax.Array]:
+    """Everything after a step: emission, EOS and length limits, counters (drafted:
     whether the step verified a draft), rows out of cache room. Returns (state, appended int32 [B])."""
     emitted = emitted_tokens(verdict.chosen, verdict.accepted, verdict.next_token)
     outputs, appended = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
-    if stream:
-        emit(emitted, appended)
     counters = state.counters
     if drafted:
         counters = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
@@ -200,19 +196,36 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
                        step=state.step + 1, inner=verdict.inner), appended
 
 
-def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
-        max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
-        stream: bool, placement=None) -> DecodeState:
-    """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
-    uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
-    any of eos_ids int32 [E]. placement: the target's (see `prefill`). Returns the final DecodeState."""
-    state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
-                  out_size=out_size, stream=stream, placement=placement)
+def paused(outputs: Outputs, pause_at: jax.Array | None) -> jax.Array:
+    """bool []: whether the decode loop stops: every row done, or where pause_at (int32 []) is
+    given, every row done or holding at least pause_at tokens (a pause: a later program goes on
+    from the state, `loop`)."""
+    if pause_at is None:
+        return jnp.all(outputs.done)
+    return jnp.all(outputs.done | (outputs.num_out >= pause_at))
+
+
+def loop(parts: Parts, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, state: DecodeState,
+         pause_at: jax.Array | None = None) -> DecodeState:
+    """The decode loop from `state` (keys uint32 [B, 2], max_new int32 [], eos_ids int32 [E] as
+    `run`'s) until every row is done, or pauses (`paused`). A paused state goes on exactly where
+    it stopped: each step's keys come from the state's step count, so the tokens are those of
+    one unpaused loop."""
 
     def body(state: DecodeState) -> DecodeState:
         active = ~state.outputs.done
         verdict = parts.step(state, fold_rows(keys, state.step), active)
-        return advance(parts, state, verdict, active, max_new, eos_ids, stream=stream,
-                       drafted=bool(parts.counter_width))[0]
+        return advance(parts, state, verdict, active, max_new, eos_ids, drafted=bool(parts.counter_width))[0]
 
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.outputs.done), body, state)
+    return jax.lax.while_loop(lambda s: ~paused(s.outputs, pause_at), body, state)
+
+
+def run(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
+        max_new: jax.Array, eos_ids: jax.Array, *, sampling: SamplingParams, out_size: int,
+        placement=None) -> DecodeState:
+    """Decodes right-padded prompts tokens int32 [B, T] (lengths int32 [B]) with per-row keys
+    uint32 [B, 2], at most max_new (int32 []) tokens per row into out_size slots, stopping rows at
+    any of eos_ids int32 [E]. placement: the target's (see `prefill`). Returns the final DecodeState."""
+    state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
+                  out_size=out_size, placement=placement)
+    return loop(parts, keys, max_new, eos_ids, state)
