@@ -311,7 +311,7 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
         args = args + (_device_scalar_or_vector(target, np.asarray(auto.loop_inputs, np.float32)),)
     program_key = key_parts + (auto and auto.plan,)
     if streaming:
-        output, wall, compile_s = _streamed(fn.keywords, program_key, args, stream, target)
+        output, wall, compile_s = _streamed(fn.keywords, program_key, args, stream, target, auto)
     else:
         executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
         # Keyed like the executable (argument shapes too): a program for another batch, prompt bucket
@@ -334,24 +334,43 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
                            counters, wall, compile_s, stats, drafts=method.name != "ar")
 
 
-def _streamed(options: dict, program_key: tuple, args: tuple, sink, target: Model) -> tuple:
+def _streamed(options: dict, program_key: tuple, args: tuple, sink, target: Model, auto) -> tuple:
     """A decode streamed to sink in pieces (`ssd_jax.engine.streaming.stream_pieces`) by two
     programs from the compile cache, begin and resume (`decode_arrays`' options and arguments;
-    resume's state donated): (output, wall seconds, seconds compiling)."""
-    begin, begin_s = PROGRAMS.compiled(functools.partial(_begin, **options), ("begin",) + program_key[1:], *args)
-    resume_fn = functools.partial(_resume, **options)
-    resume: dict = {}
+    resume's state donated), "auto"'s loop calibrated on the two run whole (`_InPieces`):
+    (output, wall seconds, seconds compiling)."""
+    begin, compile_s = PROGRAMS.compiled(functools.partial(_begin, **options), ("begin",) + program_key[1:], *args)
+    resume_key = ("resume",) + program_key[1:]
+    resume, spent = PROGRAMS.compiled(functools.partial(_resume, **options), resume_key, begin.out_info[0],
+                                      _device_scalar_or_vector(target, np.asarray(0, np.int32)), *args,
+                                      donate_argnums=(0,))
+    compile_s += spent
+    if auto is not None:
+        whole = _InPieces(begin, resume, _device_scalar_or_vector(target, np.asarray(1 << 30, np.int32)))
+        args = args[:-1] + (auto.calibrate(whole, args, (resume_key, signature(args))),)
 
-    def next_piece(state, pause_at: int):
-        pause = _device_scalar_or_vector(target, np.asarray(pause_at, np.int32))
-        if "program" not in resume:   # compiled on the first state (its shapes and shardings)
-            resume["program"], resume["compile_s"] = PROGRAMS.compiled(
-                resume_fn, ("resume",) + program_key[1:], state, pause, *args, donate_argnums=(0,))
-        return resume["program"](state, pause, *args)
+    def next_piece(state, piece: int):
+        return resume(state, _device_scalar_or_vector(target, np.asarray(piece, np.int32)), *args)
 
     output, wall = stream_pieces(lambda: begin(*args), next_piece, sink)
-    resume_s = resume.get("compile_s", 0.0)
-    return output, wall - resume_s, begin_s + resume_s
+    return output, wall, compile_s
+
+
+@dataclasses.dataclass
+class _InPieces:
+    """A streamed call's begin and resume programs run to the end, as one callable with the
+    unstreamed program's arguments and output (`DecodeOutput`): what "auto"'s calibration times
+    (`ssd_jax.engine.adaptive.calibrated_inputs`) and, by the two programs' text, keys on disk."""
+
+    begin: object
+    resume: object
+    never: jax.Array   # a piece longer than any decode
+
+    def __call__(self, *args):
+        return self.resume(self.begin(*args)[0], self.never, *args)[1]
+
+    def as_text(self) -> str:
+        return self.begin.as_text() + "\n" + self.resume.as_text()
 
 
 def _program(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple:
@@ -414,9 +433,9 @@ def _begin(target, draft, tokens, lengths, keys, max_new, costs=None, **options)
     return begin_arrays(target, draft, tokens, lengths, keys, max_new, costs=costs, **options)
 
 
-def _resume(state, pause_at, target, draft, tokens, lengths, keys, max_new, costs=None, **options):
-    """`resume_arrays` from state until pause_at, the other arguments as `_decode`'s."""
-    return resume_arrays(target, draft, tokens, lengths, keys, max_new, state, pause_at, costs=costs, **options)
+def _resume(state, piece, target, draft, tokens, lengths, keys, max_new, costs=None, **options):
+    """`resume_arrays` from state for a piece of `piece` tokens, the other arguments as `_decode`'s."""
+    return resume_arrays(target, draft, tokens, lengths, keys, max_new, state, piece, costs=costs, **options)
 
 
 @dataclasses.dataclass

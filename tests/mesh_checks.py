@@ -126,6 +126,33 @@ def check_embedded(shapes: list[str], methods: list[str]) -> dict:
     return results
 
 
+def check_stream() -> dict:
+    """Streamed calls on a 2x2 mesh (`ssd_jax.engine.streaming`: the pieces' programs take the state,
+    the piece and the cost inputs placed on the mesh): AR at T=0, and SD at a fixed length at
+    T=1 against the same call unstreamed; the sink's tokens against the output."""
+    target = random_llama(0)
+    draft = noisy_copy(target, 0.05, 7)
+    prompts = [[5, 9, 17, 3, 44, 2], [7, 7, 8], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109]]
+    mesh = mesh_of("2x2")
+    ts, ds = ssd_jax.shard(target, mesh), ssd_jax.shard(draft, mesh)
+    results = {}
+    for name, method, temperature in (("ar", ssd_jax.AR(), 0.0), ("sd", ssd_jax.SD(draft_len=3), 1.0)):
+        drafts = ds if name == "sd" else None
+        options = dict(method=method, draft=drafts, max_new_tokens=24, temperature=temperature,
+                       key=jax.random.PRNGKey(3))
+        got = [[] for _ in prompts]
+
+        def sink(tokens, counts, got=got):
+            for row, count in enumerate(counts):
+                got[row].extend(int(t) for t in tokens[row, :count])
+
+        streamed = ssd_jax.generate(ts, prompts, stream=sink, **options)
+        plain = ssd_jax.generate(ts, prompts, **options)
+        results[name] = dict(same=streamed.tokens == plain.tokens, sink=got == streamed.tokens,
+                             tokens=sum(map(len, got)))
+    return results
+
+
 def check_hlo() -> dict:
     model = ssd_jax.shard(random_llama(0), mesh_of("1x4"))
     tokens = jnp.asarray([[5, 9, 17, 3, 44, 2], [7, 7, 8, 0, 0, 0]], jnp.int32)
@@ -249,7 +276,7 @@ def run_check(argv: list[str]) -> dict:
     if check == "embedded":
         return check_embedded(argv[1].split(","), argv[2].split(",") if len(argv) > 2 else ALL_SYNC)
     return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe,
-                model_only=check_model_only)[check]()
+                model_only=check_model_only, stream=check_stream)[check]()
 
 
 def main(argv: list[str]) -> dict:

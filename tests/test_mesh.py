@@ -38,7 +38,7 @@ EMBEDDED_DEFAULT = ("bv", "specinfer", "spectr", "pld")
 def default_checks() -> dict:
     """The default run's checks in one subprocess (jax starts and the embedded pair loads once)."""
     return _checks("meshes", "2x4", "+", "embedded", "2x2", ",".join(EMBEDDED_DEFAULT), "+", "hlo", "+", "ssd",
-                   "+", "bad", "+", "moe", "+", "model_only")
+                   "+", "bad", "+", "moe", "+", "model_only", "+", "stream")
 
 
 def _assert_meshes(results: dict) -> None:
@@ -54,6 +54,13 @@ def _assert_meshes(results: dict) -> None:
 
 def test_2x4_mesh_loaded_sharded_gives_the_unsharded_tokens(default_checks):
     _assert_meshes(default_checks["meshes"])
+
+
+def test_streamed_calls_on_a_mesh_give_the_unstreamed_tokens(default_checks):
+    """Streaming's pieces on a 2x2 mesh: AR at T=0 and SD at a fixed length at T=1 stream the
+    unstreamed call's tokens, every one once."""
+    for name, result in default_checks["stream"].items():
+        assert result["same"] and result["sink"] and result["tokens"] > 0, (name, result)
 
 
 @pytest.mark.slow

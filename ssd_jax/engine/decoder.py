@@ -113,13 +113,18 @@ def begin_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, ke
 
 
 def resume_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, keys: jax.Array, max_new: jax.Array,
-                  state, pause_at: jax.Array, *, method: Method, sampling: SamplingParams, eos_ids: tuple,
+                  state, piece: jax.Array, *, method: Method, sampling: SamplingParams, eos_ids: tuple,
                   out_size: int, plan=None, costs=None):
     """The decode from `state` (`begin_arrays`' or this function's) until every row is done or
-    holds pause_at (int32 []) tokens (`ssd_jax.engine.skeleton.paused`), with `begin_arrays`'
-    arguments. Returns (state, `DecodeOutput` so far). Without "auto", the pieces' tokens are one
-    `decode_arrays`' for the same key; with it, the adaptive loop's choices after a pause differ
-    (the law is the target's either way)."""
+    holds `piece` (int32 [], at most 2**30) tokens more than the running row with the fewest had
+    (`ssd_jax.engine.skeleton.paused`), with `begin_arrays`' arguments. The bound is computed here,
+    so the host may queue the next piece before it reads this one's tokens. Returns (state,
+    `DecodeOutput` so far). Without "auto", the pieces' tokens are one `decode_arrays`' for the
+    same key; with it, the adaptive loop's choices after a pause differ (the law is the target's
+    either way)."""
+    outputs = getattr(state, "decode", state).outputs
+    piece = jnp.asarray(piece, jnp.int32)
+    pause_at = jnp.min(jnp.where(outputs.done, jnp.iinfo(jnp.int32).max - piece, outputs.num_out)) + piece
     setup = _setup(target, draft, tokens, lengths, keys, max_new, method, sampling, eos_ids, out_size, plan, costs)
     parts, tparams, _, _, _, keys, max_new, eos = setup.loop_args
     if setup.costs is not None:

@@ -25,9 +25,10 @@ StreamSink = Callable[[np.ndarray, np.ndarray], None]
 
 # Tokens per piece past the slowest running row: a few at first, so the text starts to show at
 # once, then doubling while a piece takes less than PIECE_SECONDS (text that appears ten times a
-# second reads as continuous). Each piece costs a read back to the host and a program launch, and
-# ends the adaptive loop's phase: on the embedded pair on a 2-core CPU ~1.5 ms a piece, a streamed
-# 128-token SD call at L=4 0.90x the unstreamed one's speed in pieces of 4, 8, ..., 32 tokens.
+# second reads as continuous). Each piece costs a program launch and a read back to the host, and
+# ends the adaptive loop's phase: on the embedded pair on a 2-core CPU ~0.3 ms a piece for AR and
+# ~2 ms for SD, whose streamed calls decoded at 0.91x the unstreamed speed over 128 tokens and
+# 0.94-0.97x over 448 (AR's 0.95x and 1.01x).
 # Under SSD_JAX_DETERMINISTIC_AUTO=1 the pieces double up to FIXED_LAST_PIECE whatever their
 # times: where "auto" samples, the pieces' ends steer its choices, hence the tokens drawn.
 FIRST_PIECE = 4
@@ -56,27 +57,33 @@ class TokenForwarder:
 
 
 def stream_pieces(begin: Callable, resume: Callable, sink: StreamSink) -> tuple[object, float]:
-    """Runs a decode in pieces: begin() -> (state, output) and resume(state, pause_at int32 []) ->
-    (state, output), each output a `DecodeOutput` so far, until every row is finished; the sink
-    gets every piece's new tokens. Returns (the last output, wall seconds of the pieces and the
-    sink, what the callables spent compiling included)."""
+    """Runs a decode in pieces: begin() -> (state, output) and resume(state, piece int32 []) ->
+    (state, output), each output a `DecodeOutput` so far and each piece ending once every row is
+    done or holds `piece` tokens more than the running row with the fewest had, until every row
+    is finished; the sink gets every piece's new tokens. Each piece is queued before the one
+    before it is read back (JAX dispatches asynchronously), so the device never waits on the host's
+    read and the sink; the piece queued after the last is empty. Returns (the last output, wall
+    seconds of the pieces and the sink)."""
     start = time.perf_counter()
     state, output = begin()
-    num_tokens, finish, tokens = jax.device_get((output.num_tokens, output.finish_reason, output.tokens))
-    forwarder = TokenForwarder(sink, len(num_tokens))
-    forwarder.forward(tokens, num_tokens)
+    forwarder = None
     timed = timings_allowed()
     piece = FIRST_PIECE
-    while not np.all(finish != 0):
-        slowest = int(np.min(np.where(finish != 0, np.iinfo(np.int32).max, num_tokens)))
-        began = time.perf_counter()
-        state, output = resume(state, np.int32(slowest + piece))
+    read_at = start
+    while True:
+        state, queued = resume(state, np.int32(piece))
         num_tokens, finish, tokens = jax.device_get((output.num_tokens, output.finish_reason, output.tokens))
+        if forwarder is None:
+            forwarder = TokenForwarder(sink, len(num_tokens))
+        forwarder.forward(tokens, num_tokens)
+        if np.all(finish != 0):
+            return output, time.perf_counter() - start
+        now = time.perf_counter()
         if timed:   # process 0's timing on every process: they must pause alike
-            quick = agreed(np.asarray([time.perf_counter() - began < PIECE_SECONDS], np.float64))[0] > 0
+            quick = agreed(np.asarray([now - read_at < PIECE_SECONDS], np.float64))[0] > 0
         else:
             quick = piece < FIXED_LAST_PIECE
+        read_at = now
+        output = queued
         if quick:
             piece *= 2
-        forwarder.forward(tokens, num_tokens)
-    return output, time.perf_counter() - start
