@@ -27,8 +27,8 @@ StreamSink = Callable[[np.ndarray, np.ndarray], None]
 # once, then doubling while a piece takes less than PIECE_SECONDS (text that appears ten times a
 # second reads as continuous). Each piece costs a program launch and a read back to the host, and
 # ends the adaptive loop's phase: on the embedded pair on a 2-core CPU ~0.3 ms a piece for AR and
-# ~2 ms for SD, whose streamed calls decoded at 0.91x the unstreamed speed over 128 tokens and
-# 0.94-0.97x over 448 (AR's 0.95x and 1.01x).
+# ~2 ms for SD, whose streamed calls decoded at 0.94-0.96x the unstreamed speed over 128 tokens
+# and 0.94-0.97x over 448 (AR's 0.97x and 1.01x).
 # Under SSD_JAX_DETERMINISTIC_AUTO=1 the pieces double up to FIXED_LAST_PIECE whatever their
 # times: where "auto" samples, the pieces' ends steer its choices, hence the tokens drawn.
 FIRST_PIECE = 4
