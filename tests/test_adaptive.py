@@ -361,6 +361,17 @@ def tiny_models():
     return law_pair(VOCAB)
 
 
+def _assert_target_law(target, prompt, sampling, tokens) -> None:
+    """The first NEW tokens of SAMPLES rows (int32 [SAMPLES, >= NEW]) follow the target's law after
+    prompt: every sequence's frequency within 5 standard errors of its probability."""
+    counts = np.zeros((VOCAB,) * NEW)
+    for row in np.asarray(tokens)[:, :NEW]:
+        counts[tuple(row)] += 1
+    freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
+    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
+    assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
+
+
 @pytest.mark.parametrize("method, costs, draft_len", [
     (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE, 2),
     (ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2),
@@ -411,12 +422,7 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
     # Output slots past NEW: the caches then hold a tree's room (a tree steps only where it fits).
     out = _decode(target, draft, [prompt] * SAMPLES, method, costs, sampling, keys, NEW, draft_len=draft_len,
                   out_size=NEW + 8)
-    counts = np.zeros((VOCAB,) * NEW)
-    for row in np.asarray(out.tokens)[:, :NEW]:
-        counts[tuple(row)] += 1
-    freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
-    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
-    assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
+    _assert_target_law(target, prompt, sampling, out.tokens)
     counters = jax.device_get(out.counters["spec"])
     assert counters.num_drafts.min() > 0   # every row verified a draft (a probe at least)
     if getattr(method, "paths", None) == 1 and (while_loop or costs[4] == 0):
@@ -460,12 +466,7 @@ def test_sampled_law_when_decoded_in_pieces(tiny_models, method, costs):
         state, out = resume(target, draft, costs, state, np.int32(1))
         pieces += 1
     assert pieces == NEW - 1   # one token each: every row speculates at most one step per piece
-    counts = np.zeros((VOCAB,) * NEW)
-    for row in np.asarray(out.tokens)[:, :NEW]:
-        counts[tuple(row)] += 1
-    freq, law = counts / SAMPLES, exact_law(target, prompt, sampling, NEW)
-    sigma = np.sqrt(law * (1 - law) / SAMPLES) + 1e-12
-    assert np.all(np.abs(freq - law) <= 5 * sigma + 1e-9)
+    _assert_target_law(target, prompt, sampling, out.tokens)
     assert jax.device_get(out.counters["spec"]).num_drafts.min() > 0   # speculative steps happened
 
 
