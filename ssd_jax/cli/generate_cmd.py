@@ -78,8 +78,8 @@ def register(subparsers) -> None:
     parser.add_argument("--compare", action="store_true", help="also run autoregressive decoding; print the speedup")
     shown = parser.add_mutually_exclusive_group()
     shown.add_argument("--stream", action="store_true",
-                       help="print the text of one prompt as it is decoded, in pieces of up to 32 tokens "
-                            "(two programs of their own, kept by the compile cache like the others)")
+                       help="print the text of one prompt as it is decoded, in pieces that grow while they take "
+                            "under 0.1 s (two programs of their own, kept by the compile cache like the others)")
     shown.add_argument("--no-stream", action="store_true", help="print the text when done (the default)")
     parser.add_argument("--compile-cache", default=None, metavar="DIR",
                         help="keep compiled programs in DIR, so the next run loads them instead of compiling "

@@ -667,7 +667,7 @@ def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
             verdict = parts.step(d, step_keys, active, cap=cap)
         else:
             verdict = parts.step(d, step_keys, active, cap=cap, width=width)
-        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, drafted=True)
+        d = advance(parts, d, verdict, active, max_new, eos_ids, drafted=True)
         d = d.replace(counters=d.counters.record_cap(cap if takes_cap else jnp.asarray(L, jnp.int32)))
         reached, hit = position_counts(verdict, active, L)
         if verdict.draft_forwards is None or L == 1:
@@ -681,7 +681,7 @@ def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
         d = s.decode
         active = ~d.outputs.done
         verdict = parts.ar_step(d, fold_rows(keys, d.step), active)
-        d, _ = advance(parts, d, verdict, active, max_new, eos_ids, drafted=False)
+        d = advance(parts, d, verdict, active, max_new, eos_ids, drafted=False)
         rows = jnp.arange(s.pending.shape[0])
         slot = jnp.where(active, s.pending_len, s.pending.shape[1])
         pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")

@@ -180,11 +180,11 @@ def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
 
 
 def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Array, max_new: jax.Array,
-            eos_ids: jax.Array, *, drafted: bool) -> tuple[DecodeState, jax.Array]:
+            eos_ids: jax.Array, *, drafted: bool) -> DecodeState:
     """Everything after a step: emission, EOS and length limits, counters (drafted:
-    whether the step verified a draft), rows out of cache room. Returns (state, appended int32 [B])."""
+    whether the step verified a draft), rows out of cache room."""
     emitted = emitted_tokens(verdict.chosen, verdict.accepted, verdict.next_token)
-    outputs, appended = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
+    outputs, _ = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
     counters = state.counters
     if drafted:
         counters = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
@@ -193,7 +193,7 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
     # A row whose cache could not take another step ends with reason "length".
     outputs = stop_rows(outputs, verdict.tcache.lengths + step_room(parts, outputs, max_new) > verdict.tcache.capacity)
     return DecodeState(tcache=verdict.tcache, outputs=outputs, counters=counters, cur=verdict.next_token,
-                       step=state.step + 1, inner=verdict.inner), appended
+                       step=state.step + 1, inner=verdict.inner)
 
 
 def paused(outputs: Outputs, pause_at: jax.Array | None) -> jax.Array:
@@ -215,7 +215,7 @@ def loop(parts: Parts, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, 
     def body(state: DecodeState) -> DecodeState:
         active = ~state.outputs.done
         verdict = parts.step(state, fold_rows(keys, state.step), active)
-        return advance(parts, state, verdict, active, max_new, eos_ids, drafted=bool(parts.counter_width))[0]
+        return advance(parts, state, verdict, active, max_new, eos_ids, drafted=bool(parts.counter_width))
 
     return jax.lax.while_loop(lambda s: ~paused(s.outputs, pause_at), body, state)
 
