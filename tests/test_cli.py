@@ -44,19 +44,22 @@ def test_generate_reports_bad_input_cleanly(hf_family):
 
 
 def test_compile_cache_keeps_the_programs_for_the_next_run(hf_family, tmp_path):
-    """--compile-cache DIR writes the run's compiled programs there, and a second run loads them
-    (it writes nothing new); a directory that cannot be made is a clean error."""
+    """--compile-cache DIR writes the run's compiled programs there (the decode program also whole,
+    `ssd_jax.engine.program_store`), and a second run loads them (it writes nothing new) and decodes
+    the same tokens; a directory that cannot be made is a clean error."""
     directory, _ = hf_family("llama3")
     cache = tmp_path / "xla"
     run = ("generate", "--target", directory, "--method", "ar", "--prompt-ids", "3,4,5", "--max-new-tokens", "4",
            "--json", "--compile-cache", str(cache))
     result = _cli(*run)
     assert result.returncode == 0, result.stderr
-    first = sorted(os.listdir(cache))
-    assert first
+    first, tokens = sorted(os.listdir(cache)), json.loads(result.stdout)["tokens"]
+    programs = sorted(os.listdir(cache / "ssd_jax-programs"))   # the decode program, whole
+    assert first and programs and all(name.endswith(".program") for name in programs)
     result = _cli(*run)
     assert result.returncode == 0, result.stderr
-    assert sorted(os.listdir(cache)) == first
+    assert sorted(os.listdir(cache)) == first and sorted(os.listdir(cache / "ssd_jax-programs")) == programs
+    assert json.loads(result.stdout)["tokens"] == tokens
     (tmp_path / "a_file").write_text("")
     result = _cli(*run[:-1], str(tmp_path / "a_file" / "xla"))
     assert result.returncode == 2 and "compile cache directory" in result.stderr and "Traceback" not in result.stderr

@@ -34,7 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine import calibration_store
+from ssd_jax.engine import calibration_store, program_store
+from ssd_jax.engine.compile_cache import signature
 
 PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
 ACCEPTANCE_MEMORY = 0.5   # weight of the previous calls in the remembered acceptance
@@ -230,9 +231,10 @@ def context_bucket(length: int) -> int:
 
 def _loop_seconds(params, config, batch: int, width: int, context: int) -> float:
     """Seconds per forward of `width` tokens over a cache holding `context` tokens, timed as a
-    jitted loop of _LOOP_FORWARDS forwards (best of _REPEATS); kept on disk per lowered loop and
-    machine (`ssd_jax.engine.calibration_store`), so a new process only lowers it (~0.15 s
-    instead of ~1 s: compiling and timing it)."""
+    jitted loop of _LOOP_FORWARDS forwards (best of _REPEATS); kept on disk per loop and machine
+    (`ssd_jax.engine.calibration_store`), so a new process reads it back (instead of ~1 s
+    compiling and timing it), named without lowering the loop (0.15 s each) where
+    `program_store.describe` can say what decides it."""
     from ssd_jax.models.kv_cache import init_cache
     from ssd_jax.models.transformer import forward_cached
 
@@ -252,12 +254,14 @@ def _loop_seconds(params, config, batch: int, width: int, context: int) -> float
 
         return jax.lax.fori_loop(0, _LOOP_FORWARDS, body, jnp.zeros((batch,), jnp.float32))
 
-    lowered = loop.lower(params)
-    stored = calibration_store.path_for_text("forward", lowered.as_text())
+    described = program_store.describe(f"{__name__}._loop_seconds", (config, batch, width, context, per_layer,
+                                                                     _LOOP_FORWARDS), signature(params))
+    lowered = None if described is not None else loop.lower(params)
+    stored = calibration_store.path_for_text("forward", described or lowered.as_text())
     kept = calibration_store.load(stored)
     if kept is not None and len(kept) == 1 and kept[0] > 0:
         return kept[0]
-    compiled = lowered.compile()
+    compiled = (lowered or loop.lower(params)).compile()
     jax.block_until_ready(compiled(params))
     best = np.inf
     for _ in range(_REPEATS):

@@ -13,7 +13,9 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
 so another program, machine or library version never reads it. The per-forward timings the cost
 model starts from (`ssd_jax.engine.adaptive.forward_seconds`: 1 s a timed width on that machine,
 ~3 s of a fresh process's first "auto" call) are kept the same way, as files named "forward-"
-and a digest of the timed loop's lowered program, and so is AR's step over the loop's plain step
+and a digest of what decides the timed loop (`program_store.describe`: the models' config and
+shapes, the library's source, versions, machine; its lowered program where that says too
+little), and so is AR's step over the loop's plain step
 (`ssd_jax.engine.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
 timed AR's program again), as "ar-ratio-" files named by the loop's program. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as

@@ -55,9 +55,18 @@ class CompileCache:
     def compiled(self, fn: Callable, static_key: Any, *args, donate_argnums: tuple[int, ...] = ()
                  ) -> tuple[Callable, float]:
         """Executable for fn(*args). static_key must capture everything fn closes over that changes
-        the program (method, configs, sampling, static sizes); `fn` itself is not part of the key."""
+        the program (method, configs, sampling, static sizes); `fn` itself is not part of the key.
+        While ssd_jax's persistent cache is on, a program is also kept on disk whole and read back
+        by later processes without tracing it (`ssd_jax.engine.program_store`)."""
+        from ssd_jax.engine import program_store
+
         key = (static_key, signature(args), donate_argnums)
-        return self.get_or_build(key, lambda: jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile())
+
+        def build():
+            return program_store.load_or_compile(
+                fn, key, lambda: jax.jit(fn, donate_argnums=donate_argnums).lower(*args).compile())
+
+        return self.get_or_build(key, build)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -85,10 +94,13 @@ def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | No
     run's time on a GPU: each fixed decode program of the embedded pair took 7-11 s on an H200,
     the adaptive loop's 10-80 s, and draft_len="auto" chosen per call compiles each program it
     tries. JAX's own persistent cache (`jax_compilation_cache_dir`), every entry kept however
-    quick its compile; it is a process-wide setting, so it is only set when asked. Returns the
+    quick its compile; it is a process-wide setting, so it is only set when asked. The decode
+    programs are also kept whole in its folder `ssd_jax-programs`, so a later process skips
+    tracing them too (`ssd_jax.engine.program_store`). Returns the
     directory; InputError where it cannot be made."""
     import jax
 
+    from ssd_jax.engine import program_store
     from ssd_jax.errors import InputError
 
     directory = os.environ.get(PERSISTENT_ENV) if directory is None else os.fspath(directory)
@@ -102,6 +114,7 @@ def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | No
     if not os.access(directory, os.W_OK):
         raise InputError(f"compile cache directory {directory!r} is not writable")
     jax.config.update("jax_compilation_cache_dir", directory)
+    program_store.use_directory(directory)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return directory

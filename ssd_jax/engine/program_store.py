@@ -1,0 +1,308 @@
+"""Compiled decode programs kept on disk whole, so that a later process runs one without tracing it.
+
+JAX's persistent compilation cache (`compile_cache.use_persistent_cache`) finds a program by its
+lowered text, so a later process still traces and lowers the program to look it up: for the
+default SD "auto" loop of the embedded pair (the target's step at four verification widths, plain
+steps and the draft chain) ~1.8 s of a ~4.8 s later `ssd-jax generate` on a 2-core CPU. Here an
+entry is the compiled executable itself (`jax.experimental.serialize_executable`), named by a
+digest of everything that decides the program without tracing it:
+
+    the program's function and its key in the in-process cache (`compile_cache.PROGRAMS`: method,
+        sampling, buckets, adaptive plan), its arguments' structure, shapes, dtypes and shardings
+    the library's own source (every module of the ssd_jax package, `source_digest`)
+    jax and jaxlib versions, JAX's configuration, and the environment's XLA_*, JAX_*, SSD_JAX_*,
+        TPU_* and LIBTPU_* variables (but those naming where caches are kept)
+    the machine (`calibration_store.machine`: backend, device kinds, CPU model, core count)
+    FORMAT (bumped whenever what an entry holds changes)
+
+A program is kept only where that text says everything about it: every part of its key a value of
+ssd_jax's own classes (whose code the source digest covers), numbers, strings, dtypes or shardings,
+and every pytree node of its arguments a builtin container or an ssd_jax class. A user's own
+method or drafter class, a value printed in part (a large array's "..."), an object printed by
+its address, a program spanning several devices or processes: kept in memory only, compiled in
+each process as before. Only programs compiled afresh are kept: one that JAX's persistent cache
+read back serializes without its code (on CPU its copy fails with "Function ... not found" when
+run), so a compile during which that cache reported a hit keeps nothing. An entry holds its key's
+full text, compared when it is read, so a digest collision never runs another program. Files are
+written to a temporary name and renamed; an unreadable entry is removed and compiled again. At
+most MAX_FILES entries and MAX_BYTES in all, the least recently used removed first.
+
+Where: a folder `ssd_jax-programs` inside the compile cache directory, only while ssd_jax's
+persistent compile cache is on (the command line's default, `ssd_jax.use_persistent_cache`);
+deleting the folder only costs the next runs their trace. Loading an entry unpickles it: keep the
+directory as private as JAX's own cache, whose entries are executables too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import os
+import pickle
+import re
+import tempfile
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+FORMAT = 1
+FOLDER = "ssd_jax-programs"
+SUFFIX = ".program"
+# A later run's program of the embedded pair is ~6 MB on CPU; 64 of them cover every method at two
+# temperatures and a few prompt buckets.
+MAX_FILES = 64
+MAX_BYTES = 1 << 30
+ENV_PREFIXES = ("XLA_", "JAX_", "SSD_JAX_", "TPU_", "LIBTPU_")
+# Text that stands for something it does not print: an object's address, an elided array.
+_UNSPOKEN = re.compile(r" at 0x|\.\.\.")
+
+_directory: str | None = None
+_persistent_cache_hits = 0
+
+
+def _count_hits(event: str, **kwargs) -> None:
+    global _persistent_cache_hits
+    if "cache_hit" in event:
+        _persistent_cache_hits += 1
+
+
+# JAX's persistent cache reports each program it reads back (see the module's docstring).
+jax.monitoring.register_event_listener(_count_hits)
+
+
+def use_directory(compile_cache_dir: str | None) -> str | None:
+    """Keeps programs inside `compile_cache_dir` (None: in memory only). Returns the folder."""
+    global _directory
+    _directory = None if not compile_cache_dir else os.path.join(compile_cache_dir, FOLDER)
+    return _directory
+
+
+def directory() -> str | None:
+    """The folder programs are kept in, None while they are kept in memory only."""
+    return _directory
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """sha256 of the ssd_jax package's Python modules (relative paths and contents): a program's
+    code is the library's, so any change of it traces anew."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    digest = hashlib.sha256()
+    paths = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d != "__pycache__")
+        paths += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    for path in sorted(paths):
+        digest.update(os.path.relpath(path, root).encode() + b"\0")
+        with open(path, "rb") as f:
+            digest.update(f.read() + b"\0")
+    return digest.hexdigest()
+
+
+def _ours(module: str) -> bool:
+    """Whether a module is ssd_jax's (its code is in `source_digest`)."""
+    return module == "ssd_jax" or module.startswith("ssd_jax.")
+
+
+def _spoken(value: Any) -> bool:
+    """Whether value's repr says all that makes it what it is: builtin scalars, strings, dtypes,
+    containers of such, and dataclasses of ssd_jax's own classes holding such."""
+    if value is None or isinstance(value, (bool, int, float, str, bytes, np.dtype, np.generic)):
+        return True
+    if isinstance(value, (tuple, list, frozenset)):
+        return all(_spoken(v) for v in value)
+    if isinstance(value, dict):
+        return all(_spoken(k) and _spoken(v) for k, v in value.items())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and _ours(type(value).__module__):
+        return all(_spoken(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def _tree_spoken(treedef) -> bool:
+    """Whether every node of a pytree structure is a builtin container or an ssd_jax class with
+    spoken aux data."""
+    data = treedef.node_data()
+    if data is not None:
+        kind, aux = data
+        if kind not in (tuple, list, dict, type(None)) and not (_ours(kind.__module__) and _spoken(aux)):
+            return False
+    return all(_tree_spoken(child) for child in treedef.children())
+
+
+def _function_name(fn: Callable) -> str | None:
+    """module.qualname of an ssd_jax function, or of one under functools.partial whose keywords are
+    spoken; None otherwise."""
+    keywords: dict = {}
+    if isinstance(fn, functools.partial):
+        if fn.args or not _spoken(fn.keywords):
+            return None
+        fn, keywords = fn.func, fn.keywords
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not name or "<" in name or not _ours(module):
+        return None
+    return f"{module}.{name}({', '.join(sorted(keywords))})"
+
+
+def _one_device(signature) -> Any | None:
+    """The device of a program whose arguments all sit on one device (numpy leaves go to the
+    default one); None where they span several (their executable must be loaded onto the same
+    devices in the same order, which a later process cannot be sure to have)."""
+    devices = set()
+    for _, _, sharding in signature[1]:
+        if sharding is None:
+            continue
+        if not isinstance(sharding, jax.sharding.SingleDeviceSharding):
+            return None
+        devices |= set(sharding.device_set)
+    if len(devices) > 1:
+        return None
+    return devices.pop() if devices else jax.devices()[0]
+
+
+def _names_a_place(variable: str) -> bool:
+    """Whether an environment variable says where things are kept (JAX_COMPILATION_CACHE_DIR,
+    SSD_JAX_COMPILE_CACHE, SSD_JAX_CALIBRATION_DIR), not what a program computes."""
+    return "CACHE" in variable or variable.endswith("_DIR")
+
+
+def _environment() -> str:
+    """What besides the key decides a program in this process: versions, configuration, machine."""
+    import jaxlib
+
+    from ssd_jax.engine.calibration_store import machine
+
+    # The compilation cache's own settings say where programs are kept, not what they compute.
+    settings = sorted((k, repr(v)) for k, v in jax.config.values.items() if "cache" not in k)
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _names_a_place(k))
+    return repr((FORMAT, source_digest(), jax.__version__, jaxlib.__version__,
+                 jax.devices()[0].client.platform_version, sorted(machine().items()), settings, env))
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """Where one program is kept: its file and its key's full text."""
+
+    path: str
+    key_text: str
+    device: Any
+
+    def load(self):
+        """The stored executable (a `jax.stages.Compiled`), None where there is none or it cannot
+        be read."""
+        from jax.experimental.serialize_executable import deserialize_and_load
+
+        try:
+            with open(self.path, "rb") as f:
+                stored = pickle.load(f)
+        except FileNotFoundError:
+            return None
+        except Exception:   # noqa: BLE001 - half-written or damaged: compile instead, and drop it
+            self._drop()
+            return None
+        if not isinstance(stored, dict) or stored.get("key") != self.key_text:
+            return None   # another program under the same digest: left to it
+        try:
+            executable = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
+                                              backend=self.device.client, execution_devices=[self.device])
+        except Exception:   # noqa: BLE001 - a runtime that no longer reads it: compile instead
+            self._drop()
+            return None
+        try:
+            os.utime(self.path)   # the least recently used are evicted first
+        except OSError:
+            pass
+        return executable
+
+    def _drop(self) -> None:
+        try:
+            os.remove(self.path)
+        except OSError:
+            pass
+
+    def save(self, executable) -> None:
+        """Keeps the executable (nothing where it cannot be serialized or written)."""
+        from jax.experimental.serialize_executable import serialize
+
+        try:
+            serialized, in_tree, out_tree = serialize(executable)
+            payload = pickle.dumps(dict(key=self.key_text, executable=serialized, in_tree=in_tree,
+                                        out_tree=out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:   # noqa: BLE001 - constants or callbacks the serializer refuses: memory only
+            return
+        folder = os.path.dirname(self.path)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
+            with os.fdopen(handle, "wb") as f:
+                f.write(payload)
+            os.replace(temporary, self.path)
+        except OSError:
+            return
+        _evict(folder)
+
+
+def load_or_compile(fn: Callable, key: tuple, compile: Callable[[], Any]):
+    """The executable of fn under `key` (`compile_cache.CompileCache.compiled`'s: static key,
+    argument signature, donated arguments): read from the store where it holds it, else
+    `compile()`d, and kept where the key says everything and the compile was fresh (not read back
+    from JAX's persistent cache: any such read while compiling, in any thread, keeps nothing)."""
+    kept = entry(fn, key)
+    executable = None if kept is None else kept.load()
+    if executable is not None:
+        return executable
+    hits = _persistent_cache_hits
+    executable = compile()
+    if kept is not None and _persistent_cache_hits == hits:
+        kept.save(executable)
+    return executable
+
+
+def describe(name: str | None, static_key: Any, signature: tuple) -> str | None:
+    """The full text of what decides a program: its function's name, static key and argument
+    signature (`compile_cache.signature`), with the library's source, versions, configuration and
+    machine (`_environment`); None where that text would not say everything (see the module's
+    docstring). Also names measurements of a program without lowering it
+    (`ssd_jax.engine.adaptive`'s per-forward timings)."""
+    if name is None or not _spoken(static_key) or not _tree_spoken(signature[0]):
+        return None
+    text = repr((name, static_key, signature, _environment()))
+    return None if _UNSPOKEN.search(text) else text
+
+
+def entry(fn: Callable, key: tuple) -> Entry | None:
+    """Where the program of fn under `key` (`compile_cache.CompileCache.compiled`'s: static key,
+    argument signature, donated arguments) is kept; None while programs are kept in memory, or
+    where the key does not say everything about the program (`describe`)."""
+    folder = _directory
+    if folder is None or jax.process_count() > 1:
+        return None
+    static_key, signature, donated = key
+    device = _one_device(signature)
+    key_text = None if device is None else describe(_function_name(fn), (static_key, donated), signature)
+    if key_text is None:
+        return None
+    digest = hashlib.sha256(key_text.encode()).hexdigest()[:40]
+    return Entry(os.path.join(folder, digest + SUFFIX), key_text, device)
+
+
+def _evict(folder: str) -> None:
+    """Removes the least recently used entries beyond MAX_FILES or MAX_BYTES."""
+    try:
+        entries = []
+        for name in os.listdir(folder):
+            if name.endswith(SUFFIX):
+                stat = os.stat(os.path.join(folder, name))
+                entries.append((stat.st_mtime, stat.st_size, name))
+    except OSError:
+        return
+    entries.sort(reverse=True)
+    total = 0
+    for count, (_, size, name) in enumerate(entries, 1):
+        total += size
+        if count > MAX_FILES or total > MAX_BYTES:
+            try:
+                os.remove(os.path.join(folder, name))
+            except OSError:
+                pass

@@ -1,0 +1,186 @@
+"""Compiled decode programs kept on disk whole (`ssd_jax.engine.program_store`): a later process
+loads a program instead of tracing it, and only where the program's key says everything about
+it."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pickle
+
+import jax
+import numpy as np
+import pytest
+
+import ssd_jax
+from ssd_jax.engine import compile_cache, program_store
+from ssd_jax.engine.compile_cache import signature
+from spec_models import pair
+
+PROMPTS = [[3, 9, 4, 9, 4, 9, 4], [5, 1, 2]]
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A pair no other module compiles for, so that this module's first compile of each program is
+    fresh (the suite's JAX compilation cache holds what earlier tests compiled)."""
+    return pair(vocab=40, seed=7, noise=0.3, layers=1)
+
+
+def _jax_cache_on() -> bool:
+    return bool(jax.config.jax_compilation_cache_dir)
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Programs kept under tmp_path for the test (the suite keeps them in memory otherwise); the
+    in-process cache emptied before and after, so each call finds only the disk."""
+    folder = program_store.use_directory(str(tmp_path))
+    compile_cache.clear()
+    yield folder
+    program_store.use_directory(None)
+    compile_cache.clear()
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """How many programs came from disk."""
+    found = []
+    load = program_store.Entry.load
+
+    def counted(entry):
+        executable = load(entry)
+        found.append(executable is not None)
+        return executable
+
+    monkeypatch.setattr(program_store.Entry, "load", counted)
+    return found
+
+
+def _kept(folder: str) -> list[str]:
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len=2), ssd_jax.SD()], ids=["L=2", "auto"])
+def test_a_new_process_loads_the_program_and_decodes_the_same_tokens(models, store, loads, method):
+    """A call writes its program; with the in-process cache empty (a new process) the same call
+    loads it from disk and samples the same tokens at T=1, streamed too (the resume program
+    donates its state)."""
+    target, draft = models
+    first = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12, temperature=1.0)
+    kept = _kept(store)
+    assert len(kept) == 1 and kept[0].endswith(program_store.SUFFIX) and loads == [False]
+    compile_cache.clear()
+    again = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12, temperature=1.0)
+    assert loads == [False, True] and _kept(store) == kept
+    assert again.tokens == first.tokens and again.finish_reasons == first.finish_reasons
+    pieces = []
+    streamed = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12,
+                                temperature=1.0, stream=lambda tokens, counts: pieces.append(counts.copy()))
+    compile_cache.clear()
+    streamed_again = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12,
+                                      temperature=1.0, stream=lambda tokens, counts: None)
+    assert loads[-2:] == [True, True] and len(_kept(store)) == 3   # the prefill and the resume
+    assert len(pieces) > 1 and streamed_again.tokens == streamed.tokens
+    if method.draft_len != "auto":   # a fixed method streams its unstreamed tokens
+        assert streamed.tokens == first.tokens
+
+
+def test_another_library_setting_or_machine_finds_no_program(models, store, monkeypatch):
+    """The entry's name changes with the library's source, the environment's XLA flags, JAX's
+    configuration and the argument shapes; a stored key that differs from the call's is not run
+    (a digest collision)."""
+    target, draft = models
+    fn = functools.partial(ssd_jax.generate, temperature=0.0)
+    args = (np.zeros((2, 3), np.int32),)
+    key = (("decode", ssd_jax.SD(draft_len=2)), signature(args), ())
+    entry = program_store.entry(fn, key)
+    assert entry is not None and entry.path.startswith(store)
+    names = {entry.path}
+    monkeypatch.setattr(program_store, "source_digest", lambda: "another library")
+    names.add(program_store.entry(fn, key).path)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=true")
+    names.add(program_store.entry(fn, key).path)
+    with jax.default_matmul_precision("highest"):
+        names.add(program_store.entry(fn, key).path)
+    names.add(program_store.entry(fn, (key[0], signature((np.zeros((2, 4), np.int32),)), ())).path)
+    assert len(names) == 5
+    monkeypatch.undo()
+
+    out = ssd_jax.generate(target, PROMPTS, method=ssd_jax.SD(draft_len=2), draft=draft, max_new_tokens=4)
+    (name,) = _kept(store)
+    path = os.path.join(store, name)
+    with open(path, "rb") as f:
+        stored = pickle.load(f)
+    stored["key"] += " "
+    with open(path, "wb") as f:
+        pickle.dump(stored, f)
+    entry = program_store.Entry(path, stored["key"][:-1], jax.devices()[0])
+    assert entry.load() is None and os.path.exists(path)   # another program's entry: left alone
+    compile_cache.clear()
+    again = ssd_jax.generate(target, PROMPTS, method=ssd_jax.SD(draft_len=2), draft=draft, max_new_tokens=4)
+    assert again.tokens == out.tokens
+
+
+def test_a_damaged_entry_is_dropped_and_the_program_compiled_again(models, store, loads):
+    """A truncated entry (a full disk, a killed writer) is removed and the program compiled again;
+    the new executable is kept only where it was compiled afresh: one read back from JAX's
+    persistent cache serializes without its code (on CPU its copy fails with "Function ... not
+    found" when run), and the suite runs with that cache on."""
+    target, draft = models
+    method = ssd_jax.SD(draft_len=3)
+    out = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=4)
+    (name,) = _kept(store)
+    with open(os.path.join(store, name), "r+b") as f:
+        f.truncate(1000)
+    compile_cache.clear()
+    again = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=4)
+    assert loads == [False, False] and again.tokens == out.tokens
+    assert _kept(store) == ([] if _jax_cache_on() else [name])
+    compile_cache.clear()
+    third = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=4)
+    assert third.tokens == out.tokens and loads[-1] == (not _jax_cache_on())
+    assert not [n for n in os.listdir(store) if n.endswith(".tmp")]
+
+
+@dataclasses.dataclass(frozen=True)
+class UsersOwnSD(ssd_jax.SD):
+    """A user's subclass: its code is not the library's, so no digest of the library covers it."""
+
+
+def test_a_key_that_does_not_say_everything_keeps_the_program_in_memory(store):
+    args = (np.zeros((2, 3), np.int32),)
+    sig = signature(args)
+
+    def decode(x):
+        return x
+
+    fn = functools.partial(ssd_jax.generate, temperature=0.0)
+    assert program_store.entry(fn, (("decode", ssd_jax.SD(draft_len=2)), sig, ())) is not None
+    assert program_store.entry(fn, (("decode", UsersOwnSD(draft_len=2)), sig, ())) is None
+    assert program_store.entry(fn, (("decode", np.arange(3)), sig, ())) is None
+    assert program_store.entry(fn, (("decode", object()), sig, ())) is None
+    assert program_store.entry(fn, (("decode", "..."), sig, ())) is None
+    assert program_store.entry(decode, (("decode",), sig, ())) is None   # not the library's function
+    assert program_store.entry(functools.partial(ssd_jax.generate, 1), (("decode",), sig, ())) is None
+    assert program_store.entry(functools.partial(ssd_jax.generate, m=UsersOwnSD()), (("decode",), sig, ())) is None
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
+    spread = jax.device_put(args[0], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
+    assert program_store.entry(fn, (("decode",), signature((spread,)), ())) is None
+    program_store.use_directory(None)
+    assert program_store.entry(fn, (("decode", ssd_jax.SD(draft_len=2)), sig, ())) is None
+
+
+def test_the_store_keeps_the_most_recently_used_entries(tmp_path, monkeypatch):
+    monkeypatch.setattr(program_store, "MAX_FILES", 2)
+    for i, name in enumerate(["old", "middle", "new"]):
+        path = tmp_path / f"{name}{program_store.SUFFIX}"
+        path.write_bytes(b"x")
+        os.utime(path, (1000 + i, 1000 + i))
+    (tmp_path / "not-an-entry.txt").write_bytes(b"x")
+    program_store._evict(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["middle.program", "new.program", "not-an-entry.txt"]
+    monkeypatch.setattr(program_store, "MAX_BYTES", 1)
+    program_store._evict(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["new.program", "not-an-entry.txt"]
