@@ -132,8 +132,9 @@ def _tree_spoken(treedef) -> bool:
 
 
 def _function_name(fn: Callable) -> str | None:
-    """module.qualname of an ssd_jax function, or of one under functools.partial whose keywords are
-    spoken; None otherwise."""
+    """module.qualname of an ssd_jax function, or of one under functools.partial with the
+    partial's keywords and their values (spoken ones only); None otherwise. The values are in the
+    program's static key too, by `compiled`'s contract: here they guard a caller that forgot one."""
     keywords: dict = {}
     if isinstance(fn, functools.partial):
         if fn.args or not _spoken(fn.keywords):
@@ -142,7 +143,7 @@ def _function_name(fn: Callable) -> str | None:
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
     if not module or not name or "<" in name or not _ours(module):
         return None
-    return f"{module}.{name}({', '.join(sorted(keywords))})"
+    return f"{module}.{name}({', '.join(f'{k}={keywords[k]!r}' for k in sorted(keywords))})"
 
 
 def _one_device(signature) -> Any | None:
