@@ -614,7 +614,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         calibration = _CALIBRATION.lookup(program_key)
     size = calibration_length(len(planned))
     if calibration is None:
-        stored = calibration_store.path_for(executable)
+        stored = calibration_store.path_for(executable, key=program_key)
         calibration = calibration_store.load(stored)
         if calibration is None or len(calibration) != size:
             calibration = tuple(float(x) for x in agreed(np.asarray(

@@ -95,7 +95,7 @@ def stored_ratio(loop_executable, key) -> tuple[bool, float | None]:
     known, ratio = known_ratio(key)
     if known:
         return known, ratio
-    kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND))
+    kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND, key))
     if kept is None or len(kept) != 1:
         return False, None
     ratio = kept[0]
@@ -137,7 +137,7 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     plausible = _plausible(ratio)
     _AR_RATIO.store(key, ratio if plausible else float("nan"))
     if plausible:   # an implausible one is measured again by the next process
-        calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND), (ratio,))
+        calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND, key), (ratio,))
     return ratio if plausible else None
 
 

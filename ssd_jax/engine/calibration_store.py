@@ -5,8 +5,9 @@ Measuring them runs the program ~20 times on a few tokens: on the embedded pair 
 at batch 8, 3-8 s, several times a 128-token call itself, which every new process (the command
 line, a notebook restart) paid again. An entry is one small JSON file named by a digest of
 
-    the program's optimized HLO text (what runs: model shapes, method, batch, buckets, sampling),
-        without its debug information (`program_text`)
+    what decides the program (`program_store.describe`: its static key and argument signature,
+        the library's source, versions and settings), or where that cannot say everything, the
+        program's optimized HLO text without its debug information (`program_text`)
     the machine (backend, device kind, CPU model, core count, jax and jaxlib versions, XLA_FLAGS)
     FORMAT (bumped whenever what a calibration measures changes)
 
@@ -17,7 +18,7 @@ and a digest of what decides the timed loop (`program_store.describe`: the model
 shapes, the library's source, versions, machine; its lowered program where that says too
 little), and so is AR's step over the loop's plain step
 (`ssd_jax.engine.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
-timed AR's program again), as "ar-ratio-" files named by the loop's program. Files are written to a temporary
+timed AR's program again), as "ar-ratio-" files named like the loop's calibration. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
 absent (and is measured again and replaced).
 
@@ -108,13 +109,21 @@ def _kept_in() -> str | None:
     return None if directory is None or jax.process_count() > 1 else directory
 
 
-def path_for(executable, kind: str = "") -> str | None:
+def path_for(executable, kind: str = "", key: tuple | None = None) -> str | None:
     """Where the program's calibration (kind "") is kept, or another measurement of the program
     (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.engine.against_ar`); None where
-    kept in memory only (no directory, several processes, no program text). Computed once per
-    program and kind: it hashes the program's text."""
+    kept in memory only (no directory, several processes, no program text). key: the program's
+    (static key, argument signature), named by `program_store.describe`'s text where that says
+    everything about the program (hashing the optimized HLO text instead took 0.15 s of a later
+    run of the default on a 2-core CPU: ~6 MB of it), else by the program's text. Computed once
+    per program and kind."""
+    from ssd_jax.engine import program_store
+
     directory = _kept_in()
-    name = None if directory is None else entry_name(executable, kind)
+    if directory is None:
+        return None
+    described = None if key is None else program_store.describe(f"{__name__}:{kind}", key[0], key[1])
+    name = _digest(kind, described) if described else entry_name(executable, kind)
     return None if name is None else os.path.join(directory, name)
 
 
