@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import os
 import pickle
+import types
 
 import jax
 import numpy as np
@@ -85,6 +86,22 @@ def test_a_new_process_loads_the_program_and_decodes_the_same_tokens(models, sto
     assert len(pieces) > 1 and streamed_again.tokens == streamed.tokens
     if method.draft_len != "auto":   # a fixed method streams its unstreamed tokens
         assert streamed.tokens == first.tokens
+
+
+def test_ssd_keeps_its_device_programs_too(models, store, loads):
+    """SSD's host loop runs several small programs (prefills, verification, the draft's builds),
+    keyed by functions of the library (its verifier) and laid out on one-device meshes: each is
+    kept, and a new process loads them all and decodes the same tokens."""
+    target, draft = models
+    method = ssd_jax.SSD(draft_len=2)
+    first = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12, temperature=1.0)
+    kept = _kept(store)
+    assert len(kept) >= 4 and not any(loads)
+    compile_cache.clear()
+    del loads[:]
+    again = ssd_jax.generate(target, PROMPTS, method=method, draft=draft, max_new_tokens=12, temperature=1.0)
+    assert loads and all(loads) and _kept(store) == kept
+    assert again.tokens == first.tokens
 
 
 def test_another_library_setting_or_machine_finds_no_program(models, store, monkeypatch):
@@ -165,9 +182,10 @@ def test_a_key_that_does_not_say_everything_keeps_the_program_in_memory(store):
     assert program_store.entry(decode, (("decode",), sig, ())) is None   # not the library's function
     assert program_store.entry(functools.partial(ssd_jax.generate, 1), (("decode",), sig, ())) is None
     assert program_store.entry(functools.partial(ssd_jax.generate, m=UsersOwnSD()), (("decode",), sig, ())) is None
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("x",))
-    spread = jax.device_put(args[0], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    assert program_store.entry(fn, (("decode",), signature((spread,)), ())) is None
+    two_devices = types.SimpleNamespace(device_set={jax.devices()[0], "another device"})
+    assert program_store.entry(fn, (("decode",), (sig[0], ((sig[1][0][:2]) + (two_devices,),)), ())) is None
+    assert program_store.entry(fn, (("decode", ssd_jax.generate), sig, ())) is not None   # by name
+    assert program_store.entry(fn, (("decode", lambda: 0), sig, ())) is None
     program_store.use_directory(None)
     assert program_store.entry(fn, (("decode", ssd_jax.SD(draft_len=2)), sig, ())) is None
 

@@ -15,9 +15,10 @@ digest of everything that decides the program without tracing it:
     the machine (`calibration_store.machine`: backend, device kinds, CPU model, core count)
     FORMAT (bumped whenever what an entry holds changes)
 
-A program is kept only where that text says everything about it: every part of its key a value of
-ssd_jax's own classes (whose code the source digest covers), numbers, strings, dtypes or shardings,
-and every pytree node of its arguments a builtin container or an ssd_jax class. A user's own
+A program is kept only where that text says everything about it (`_text`): every part of its key
+a value of ssd_jax's own classes (whose code the source digest covers), one of its module-level
+functions (by name), a number, string or dtype, and every pytree node of its arguments a builtin
+container or an ssd_jax class. A user's own
 method or drafter class, a value printed in part (a large array's "..."), an object printed by
 its address, a program spanning several devices or processes: kept in memory only, compiled in
 each process as before. Only programs compiled afresh are kept: one that JAX's persistent cache
@@ -42,12 +43,13 @@ import os
 import pickle
 import re
 import tempfile
+import types
 from typing import Any, Callable
 
 import jax
 import numpy as np
 
-FORMAT = 1
+FORMAT = 2
 FOLDER = "ssd_jax-programs"
 SUFFIX = ".program"
 # A later run's program of the embedded pair is ~6 MB on CPU; 64 of them cover every method at two
@@ -106,57 +108,67 @@ def _ours(module: str) -> bool:
     return module == "ssd_jax" or module.startswith("ssd_jax.")
 
 
-def _spoken(value: Any) -> bool:
-    """Whether value's repr says all that makes it what it is: builtin scalars, strings, dtypes,
-    containers of such, and dataclasses of ssd_jax's own classes holding such."""
+def _text(value: Any) -> str | None:
+    """value's text where it says all that makes value what it is, None otherwise: builtin
+    scalars, strings and dtypes by their repr, ssd_jax's own module-level functions by name,
+    containers of such, and dataclasses of ssd_jax's own classes by the fields they compare."""
     if value is None or isinstance(value, (bool, int, float, str, bytes, np.dtype, np.generic)):
-        return True
+        return repr(value)
+    if isinstance(value, types.FunctionType):
+        named = _ours(value.__module__) and "<" not in value.__qualname__
+        return f"{value.__module__}.{value.__qualname__}" if named else None
     if isinstance(value, (tuple, list, frozenset)):
-        return all(_spoken(v) for v in value)
+        parts = [_text(v) for v in value]
+        if None in parts:
+            return None
+        parts = sorted(parts) if isinstance(value, frozenset) else parts
+        return f"{type(value).__name__}({', '.join(parts)})"
     if isinstance(value, dict):
-        return all(_spoken(k) and _spoken(v) for k, v in value.items())
+        items = [(_text(k), _text(v)) for k, v in value.items()]
+        if any(k is None or v is None for k, v in items):
+            return None
+        return "{" + ", ".join(f"{k}: {v}" for k, v in sorted(items)) + "}"
     if dataclasses.is_dataclass(value) and not isinstance(value, type) and _ours(type(value).__module__):
-        return all(_spoken(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
+        fields = [(f.name, _text(getattr(value, f.name))) for f in dataclasses.fields(value) if f.compare]
+        if any(text is None for _, text in fields):
+            return None
+        cls = type(value)
+        return f"{cls.__module__}.{cls.__qualname__}({', '.join(f'{n}={t}' for n, t in fields)})"
+    return None
 
 
 def _tree_spoken(treedef) -> bool:
-    """Whether every node of a pytree structure is a builtin container or an ssd_jax class with
-    spoken aux data."""
+    """Whether every node of a pytree structure is a builtin container or an ssd_jax class whose
+    aux data has a text (`_text`)."""
     data = treedef.node_data()
     if data is not None:
         kind, aux = data
-        if kind not in (tuple, list, dict, type(None)) and not (_ours(kind.__module__) and _spoken(aux)):
+        if kind not in (tuple, list, dict, type(None)) and not (_ours(kind.__module__) and _text(aux) is not None):
             return False
     return all(_tree_spoken(child) for child in treedef.children())
 
 
 def _function_name(fn: Callable) -> str | None:
-    """module.qualname of an ssd_jax function, or of one under functools.partial with the
-    partial's keywords and their values (spoken ones only); None otherwise. The values are in the
+    """The text of an ssd_jax module-level function, or of one under functools.partial with the
+    partial's keywords and their values (`_text`); None otherwise. The values are in the
     program's static key too, by `compiled`'s contract: here they guard a caller that forgot one."""
-    keywords: dict = {}
-    if isinstance(fn, functools.partial):
-        if fn.args or not _spoken(fn.keywords):
-            return None
-        fn, keywords = fn.func, fn.keywords
-    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
-    if not module or not name or "<" in name or not _ours(module):
+    if not isinstance(fn, functools.partial):
+        return _text(fn) if isinstance(fn, types.FunctionType) else None
+    if fn.args or not isinstance(fn.func, types.FunctionType):
         return None
-    return f"{module}.{name}({', '.join(f'{k}={keywords[k]!r}' for k in sorted(keywords))})"
+    name, keywords = _text(fn.func), _text(fn.keywords)
+    return None if name is None or keywords is None else f"{name}{keywords}"
 
 
 def _one_device(signature) -> Any | None:
-    """The device of a program whose arguments all sit on one device (numpy leaves go to the
-    default one); None where they span several (their executable must be loaded onto the same
-    devices in the same order, which a later process cannot be sure to have)."""
+    """The device of a program whose arguments all sit on one device, whatever their sharding's
+    kind (numpy leaves go to the default one); None where they span several (their executable
+    must be loaded onto the same devices in the same order, which a later process cannot be sure
+    to have)."""
     devices = set()
     for _, _, sharding in signature[1]:
-        if sharding is None:
-            continue
-        if not isinstance(sharding, jax.sharding.SingleDeviceSharding):
-            return None
-        devices |= set(sharding.device_set)
+        if sharding is not None:
+            devices |= set(sharding.device_set)
     if len(devices) > 1:
         return None
     return devices.pop() if devices else jax.devices()[0]
@@ -266,9 +278,10 @@ def describe(name: str | None, static_key: Any, signature: tuple) -> str | None:
     machine (`_environment`); None where that text would not say everything (see the module's
     docstring). Also names measurements of a program without lowering it
     (`ssd_jax.engine.adaptive`'s per-forward timings)."""
-    if name is None or not _spoken(static_key) or not _tree_spoken(signature[0]):
+    static_text = _text(static_key)
+    if name is None or static_text is None or not _tree_spoken(signature[0]):
         return None
-    text = repr((name, static_key, signature, _environment()))
+    text = f"({name}, {static_text}, {signature!r}, {_environment()})"
     return None if _UNSPOKEN.search(text) else text
 
 
@@ -281,7 +294,9 @@ def entry(fn: Callable, key: tuple) -> Entry | None:
         return None
     static_key, signature, donated = key
     device = _one_device(signature)
-    key_text = None if device is None else describe(_function_name(fn), (static_key, donated), signature)
+    # The device by id: a sharding over a one-device mesh prints the mesh's shape only.
+    placed = None if device is None else f"{device.platform}:{device.id}"
+    key_text = None if device is None else describe(_function_name(fn), (static_key, donated, placed), signature)
     if key_text is None:
         return None
     digest = hashlib.sha256(key_text.encode()).hexdigest()[:40]

@@ -9,6 +9,7 @@ import time
 
 import jax
 
+from ssd_jax.engine import program_store
 from ssd_jax.engine.compile_cache import PROGRAMS, signature
 from ssd_jax.engine.autoregressive import loop_params
 from ssd_jax.engine.params_cache import ParamsCache
@@ -47,14 +48,18 @@ class Programs:
         executable = self.local.get(local_key)
         if executable is not None:
             return executable(*args)
-        key = ("ssd", name, self.static, signature(args), donate)
+        static = ("ssd", name, self.static)
+        sig = signature(args)
 
-        def build():
+        def compile_program():
             out_shardings = jax.tree.map(group.sharding_for, jax.eval_shape(fn, *args))
             return jax.jit(fn, donate_argnums=donate, out_shardings=out_shardings).lower(*args).compile()
 
+        def build():   # from disk where the persistent cache is on and the key says everything
+            return program_store.load_or_compile(fn, (static, sig, donate), compile_program)
+
         with self.lock:
-            executable, spent = PROGRAMS.get_or_build(key, build)
+            executable, spent = PROGRAMS.get_or_build(static + (sig, donate), build)
             self.compile_s += spent
             self.local[local_key] = executable
         return executable(*args)
