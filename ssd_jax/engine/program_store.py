@@ -294,8 +294,9 @@ def entry(fn: Callable, key: tuple) -> Entry | None:
         return None
     static_key, signature, donated = key
     device = _one_device(signature)
-    # The device by id: a sharding over a one-device mesh prints the mesh's shape only.
-    placed = None if device is None else f"{device.platform}:{device.id}"
+    # The device by id (the environment names the backend): a sharding over a one-device mesh
+    # prints the mesh's shape only.
+    placed = None if device is None else f"device {device.id}"
     key_text = None if device is None else describe(_function_name(fn), (static_key, donated, placed), signature)
     if key_text is None:
         return None
