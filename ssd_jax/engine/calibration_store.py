@@ -149,6 +149,21 @@ def load(path: str | None) -> tuple[float, ...] | None:
     return values if values and all(math.isfinite(v) and v >= 0 for v in values) else None
 
 
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes data to path through a temporary file in its folder (made if missing) and a rename,
+    so a reader never sees half of it; OSError where it cannot be written (nothing left behind)."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        os.unlink(temporary)
+        raise
+
+
 def save(path: str | None, values: tuple[float, ...]) -> None:
     """Keeps a calibration at path (`path_for`; atomically); a directory that cannot be written
     leaves it in memory only."""
@@ -156,15 +171,8 @@ def save(path: str | None, values: tuple[float, ...]) -> None:
         return
     directory = os.path.dirname(path)
     try:
-        os.makedirs(directory, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(dict(format=FORMAT, costs=[float(v) for v in values], machine=machine()), f)
-            os.replace(temporary, path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        write_atomically(path, json.dumps(dict(format=FORMAT, costs=[float(v) for v in values],
+                                               machine=machine())).encode())
     except OSError as error:
         warnings.warn(f"ssd_jax: adaptive speculation's calibration kept in memory only, as {directory!r} "
                       f"cannot be written ({error}); set {DIR_ENV} to a writable directory, or to '' to "

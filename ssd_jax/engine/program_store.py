@@ -42,12 +42,13 @@ import hashlib
 import os
 import pickle
 import re
-import tempfile
 import types
 from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from ssd_jax.engine.calibration_store import machine, write_atomically
 
 FORMAT = 2
 FOLDER = "ssd_jax-programs"
@@ -78,11 +79,6 @@ def use_directory(compile_cache_dir: str | None) -> str | None:
     """Keeps programs inside `compile_cache_dir` (None: in memory only). Returns the folder."""
     global _directory
     _directory = None if not compile_cache_dir else os.path.join(compile_cache_dir, FOLDER)
-    return _directory
-
-
-def directory() -> str | None:
-    """The folder programs are kept in, None while they are kept in memory only."""
     return _directory
 
 
@@ -182,15 +178,12 @@ def _names_a_place(variable: str) -> bool:
 
 def _environment() -> str:
     """What besides the key decides a program in this process: versions, configuration, machine."""
-    import jaxlib
-
-    from ssd_jax.engine.calibration_store import machine
-
     # The compilation cache's own settings say where programs are kept, not what they compute.
     settings = sorted((k, repr(v)) for k, v in jax.config.values.items() if "cache" not in k)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _names_a_place(k))
-    return repr((FORMAT, source_digest(), jax.__version__, jaxlib.__version__,
-                 jax.devices()[0].client.platform_version, sorted(machine().items()), settings, env))
+    # machine() holds the jax and jaxlib versions too.
+    return repr((FORMAT, source_digest(), jax.devices()[0].client.platform_version, sorted(machine().items()),
+                 settings, env))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,16 +237,11 @@ class Entry:
                                         out_tree=out_tree), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:   # noqa: BLE001 - constants or callbacks the serializer refuses: memory only
             return
-        folder = os.path.dirname(self.path)
         try:
-            os.makedirs(folder, exist_ok=True)
-            handle, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
-            with os.fdopen(handle, "wb") as f:
-                f.write(payload)
-            os.replace(temporary, self.path)
+            write_atomically(self.path, payload)
         except OSError:
             return
-        _evict(folder)
+        _evict(os.path.dirname(self.path))
 
 
 def load_or_compile(fn: Callable, key: tuple, compile: Callable[[], Any]):
