@@ -9,7 +9,9 @@ replace a worse first try), and so is one measured with `policy_overrides` (a ba
 policy other than the shipped one, `bench_adaptive.py --policy`). Each row of the table is one method, backend, batch size and
 temperature over its prompt sets: "auto"'s speedup over AR and its ratio to the best fixed
 setting of each set (the lowest and highest over the sets), and the issue's goals checked per set:
-auto >= 1.0x AR (>= 0.95x on the badguess set) and auto >= 0.95 of the best fixed setting.
+auto >= 1.0x AR (>= 0.95x on the badguess set) and auto >= 0.95 of the best fixed setting. A miss
+against AR is shown with a 90% interval of the median over its rounds (`median_interval`), marked
+"within noise" where that interval reaches the goal: still a miss, one the rounds cannot place.
 
 Writes STEM.md (the README's table), STEM.json and STEM.png (a grid of every set's two ratios,
 goal misses in red).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
 import os
 import sys
 from typing import Any
@@ -35,6 +38,7 @@ GOAL_VS_AR = 1.0
 GOAL_VS_AR_BADGUESS = 0.95
 GOAL_VS_BEST = 0.95
 PLAIN_SHARE = 0.99   # a cell's "auto" steps decoded plainly from which a miss against AR says so
+INTERVAL = 0.90      # the coverage of the interval a miss against AR is shown with
 SET_ORDER = ("code", "repeat", "short", "badguess")
 METHOD_ORDER = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd", "ssd")
 
@@ -70,6 +74,7 @@ def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
             if not case.get("auto_vs_ar") or not case.get("auto_vs_best_fixed"):
                 continue  # a run without "auto" or without a fixed setting
             auto = next(c for c in case["configs"] if "auto" in c["label"])
+            rounds = round_ratios(case["configs"][0], auto)
             key = (data["method"], machine["jax_backend"], case["batch_size"], case["temperature"], case["set"])
             out.append((key, dict(vs_ar=case["auto_vs_ar"][0], vs_best=case["auto_vs_best_fixed"][0],
                                   best_fixed=case["best_fixed"].split(" ", 1)[-1], stamp=machine["date_utc"],
@@ -79,10 +84,42 @@ def file_cells(path: str) -> list[tuple[tuple, dict[str, Any]]]:
                                   call_timed=bool(data.get("call_timed")),
                                   file=os.path.basename(path),
                                   mean_draft_len=auto.get("mean_draft_len"),
-                                  ar_share=auto.get("ar_fallback_share"))))
+                                  ar_share=auto.get("ar_fallback_share"),
+                                  vs_ar_interval=None if rounds is None else median_interval(rounds))))
     except (KeyError, IndexError, StopIteration, TypeError, AttributeError) as err:
         raise SummaryError(f"{path}: not a bench_adaptive.py results file ({type(err).__name__}: {err})") from err
     return out
+
+
+def round_ratios(base: dict[str, Any], other: dict[str, Any]) -> list[float] | None:
+    """How many times faster `other` ran than `base` in each round (`spec_harness.paired_speedup`'s
+    ratios, of seconds per token where both kept their rounds' tokens); None for a run that kept
+    no rounds (best-of times)."""
+    if "round_wall_s" not in base or "round_wall_s" not in other:
+        return None
+    base_s, other_s = list(base["round_wall_s"]), list(other["round_wall_s"])
+    if "round_tokens" in base and "round_tokens" in other:
+        base_s = [s / t for s, t in zip(base_s, base["round_tokens"])]
+        other_s = [s / t for s, t in zip(other_s, other["round_tokens"])]
+    return [b / o for b, o in zip(base_s, other_s)]
+
+
+def median_interval(values: list[float], coverage: float = INTERVAL) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of what `values` sample (order statistics: the
+    k-th smallest and k-th largest, k the largest with P(Binomial(n, 1/2) < k) <= (1 - coverage)
+    / 2, so it covers the median with at least `coverage`); None where even the smallest and
+    largest value cover it less (fewer than 5 values at 90%). Rounds
+    are treated as independent draws, which the machine's drift within a process makes them only
+    roughly: the interval says how far the table's second decimal can be read, not more."""
+    n = len(values)
+    below, k = 0.0, 0   # below: P(Binomial(n, 1/2) < k)
+    while k < n // 2 and below + math.comb(n, k) / 2 ** n <= (1 - coverage) / 2:
+        below += math.comb(n, k) / 2 ** n
+        k += 1
+    if k == 0:
+        return None
+    ordered = sorted(values)
+    return ordered[k - 1], ordered[n - k]
 
 
 def result_paths(folder: str) -> list[str]:
@@ -112,16 +149,29 @@ def meets_vs_best(cell: dict[str, Any]) -> bool:
     return round(cell["vs_best"], 2) >= GOAL_VS_BEST
 
 
+def within_noise(set_name: str, cell: dict[str, Any]) -> bool:
+    """Whether a miss against AR is within what the cell's rounds can tell apart: its interval
+    (`median_interval`) reaches the goal."""
+    interval = cell.get("vs_ar_interval")
+    goal = GOAL_VS_AR_BADGUESS if set_name == "badguess" else GOAL_VS_AR
+    return interval is not None and round(interval[1], 2) >= goal
+
+
 def goal_misses(set_name: str, cell: dict[str, Any]) -> list[str]:
     """The issue's goals this cell misses, as short phrases ("0.99x AR", "0.94 of L=2"); a miss
     against AR where "auto" decoded plainly on at least PLAIN_SHARE of its steps says so ("0.99x
     AR (plain on 100% of steps)"): there "auto" can at best tie AR, and the VM's noise decides the
-    second decimal."""
+    second decimal. A miss against AR shows the interval of its rounds (`median_interval`: "0.99x
+    AR (90% 0.97-1.01, within noise)"), with "within noise" where that interval reaches the goal."""
     misses = []
     if not meets_vs_ar(set_name, cell):
         share = cell.get("ar_share")
-        plain = f" (plain on {share:.0%} of steps)" if share is not None and share >= PLAIN_SHARE else ""
-        misses.append(f"{cell['vs_ar']:.2f}x AR{plain}")
+        notes = [f"plain on {share:.0%} of steps"] if share is not None and share >= PLAIN_SHARE else []
+        interval = cell.get("vs_ar_interval")
+        if interval is not None:
+            noise = ", within noise" if within_noise(set_name, cell) else ""
+            notes.append(f"{INTERVAL:.0%} {_span(*interval)}{noise}")
+        misses.append(f"{cell['vs_ar']:.2f}x AR" + (f" ({'; '.join(notes)})" if notes else ""))
     if not meets_vs_best(cell):
         misses.append(f"{cell['vs_best']:.2f} of {cell['best_fixed']}")
     return misses
@@ -203,7 +253,7 @@ def update_readme(path: str, table: str) -> None:
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
     """Two grids, rows x prompt sets: auto x AR and auto / best fixed, each cell annotated, the
-    cells that miss a goal in red."""
+    cells that miss a goal in red (orange: a miss against AR within its interval, `within_noise`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +269,9 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
                 if cell is None:
                     continue
                 missed = not (meets_vs_ar(name, cell) if field == "vs_ar" else meets_vs_best(cell))
-                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color="#f4a6a6" if missed else "#cfe3f3"))
+                tie = missed and field == "vs_ar" and within_noise(name, cell)
+                color = "#f7d59c" if tie else "#f4a6a6" if missed else "#cfe3f3"
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=color))
                 ax.text(j, i, f"{cell[field]:.2f}", ha="center", va="center", fontsize=7)
         ax.set_xlim(-0.5, len(sets) - 0.5)
         ax.set_ylim(len(rows) - 0.5, -0.5)
@@ -228,9 +280,10 @@ def plot(rows: list[dict[str, Any]], path: str) -> None:
         ax.set_title(title, fontsize=9)
     axes[0].set_yticks(range(len(rows)))
     axes[0].set_yticklabels(labels, fontsize=7)
-    fig.suptitle("Adaptive speculation, embedded pair: newest measurement per cell (red: misses a goal)",
+    fig.suptitle("Adaptive speculation, embedded pair: newest measurement per cell\n(red: misses a goal; "
+                 f"orange: misses AR within its rounds' {INTERVAL:.0%} interval)",
                  fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

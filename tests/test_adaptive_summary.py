@@ -83,6 +83,45 @@ def test_a_miss_against_ar_says_where_auto_decoded_plainly(share, missed):
     assert summary.goal_misses("code", cell) == missed
 
 
+@pytest.mark.parametrize("n, expected", [(3, None), (4, None), (5, (1, 5)), (10, (2, 9)), (21, (7, 15))])
+def test_median_interval_takes_the_order_statistics_that_cover_90_percent(n, expected):
+    """k-th smallest and largest of n values, k the largest with P(Binomial(n, 1/2) < k) <= 0.05
+    (n = 21: P(< 7) = 0.039, P(< 8) = 0.095); below 5 values not even the extremes cover 90%."""
+    values = [float(v) for v in range(n, 0, -1)]   # unsorted on purpose
+    assert summary.median_interval(values) == expected
+
+
+def test_round_ratios_compare_seconds_per_token_per_round():
+    ar = dict(round_wall_s=[1.0, 2.0], round_tokens=[100, 100])
+    auto = dict(round_wall_s=[0.5, 2.0], round_tokens=[50, 200])   # same pace, then twice AR's
+    assert summary.round_ratios(ar, auto) == [1.0, 2.0]
+    assert summary.round_ratios(dict(round_wall_s=[1.0]), dict(round_wall_s=[0.5])) == [2.0]
+    assert summary.round_ratios(dict(label="ar"), auto) is None   # a best-of run kept no rounds
+
+
+@pytest.mark.parametrize("set_name, interval, missed", [
+    ("code", (0.97, 1.004), ["0.99x AR (90% 0.97-1.00, within noise)"]),
+    ("code", (0.96, 0.985), ["0.99x AR (90% 0.96-0.98)"]),          # a miss the rounds do place
+    ("badguess", (0.90, 0.96), ["0.93x AR (90% 0.90-0.96, within noise)"]),  # badguess's floor 0.95x
+    ("code", None, ["0.99x AR"]),                                    # too few rounds for an interval
+])
+def test_a_miss_against_ar_shows_its_interval(set_name, interval, missed):
+    vs_ar = 0.93 if set_name == "badguess" else 0.99
+    cell = dict(vs_ar=vs_ar, vs_best=1.2, best_fixed="L=2", ar_share=0.5, vs_ar_interval=interval)
+    assert summary.goal_misses(set_name, cell) == missed
+
+
+def test_a_file_with_rounds_gives_its_cells_an_interval(tmp_path):
+    case = _case("code", 0.99, 1.1)
+    case["configs"][0].update(round_wall_s=[1.0] * 7, round_tokens=[128] * 7)
+    case["configs"][2].update(round_wall_s=[1.0, 1.1, 0.9, 1.0, 1.05, 0.95, 1.02], round_tokens=[128] * 7)
+    path = _write(tmp_path / "adaptive_r.json", "2026-11-26", [case])
+    (cell,) = summary.newest_cells([path]).values()
+    low, high = cell["vs_ar_interval"]
+    assert (low, high) == (pytest.approx(1 / 1.1), pytest.approx(1 / 0.9))   # 7 rounds: the extremes
+    assert "within noise" in summary.goal_misses("code", cell)[0]
+
+
 def test_markdown_names_every_miss_and_the_measurement(tmp_path):
     path = _write(tmp_path / "adaptive_x.json", "2026-11-26",
                   [_case("code", 0.97, 0.89), _case("badguess", 0.96, 1.02)], cpu="Intel(R) Xeon(R) Processor")
