@@ -11,7 +11,9 @@ speculation's calibrations), each run a new process:
 
 The states are interleaved per repeat and configuration (first, later, no_xla on one directory,
 then the next configuration), so a drift of the machine's speed hits all of them alike. Per run:
-the process's wall time, and from its stats the compile, cost-measurement and decode seconds.
+the process's wall time, and from its stats the compile, cost-measurement and decode seconds. At
+T=0 the runs of a configuration must print the same tokens in every state ("same_tokens_at_t0":
+a program read back whole decodes what the compiled one did; a warning where they differ).
 
 A streamed configuration ("sd+stream") prints its text, not JSON: only its process time is kept.
 
@@ -20,6 +22,7 @@ state, stacked by where the time went).
     python benchmarks/bench_startup.py [--repeats 3] [--configs ar,sd,sd:4] [--prompt "def fibonacci(n):"]
     python benchmarks/bench_startup.py --configs ar@1,pld@1 --prompt "..." --out benchmarks/results/startup_pld_t1
     python benchmarks/bench_startup.py --configs ar+stream,sd+stream --out benchmarks/results/startup_stream
+    python benchmarks/bench_startup.py --configs sd --repeats 1 --states first,later   # a quick check
 """
 
 from __future__ import annotations
@@ -72,10 +75,28 @@ def one_run(config: str, prompt: str, new_tokens: int, cache_home: str, state: s
     if done.returncode != 0:
         raise SystemExit(f"bench_startup: {config} ({state}) failed:\n{done.stderr[-2000:]}")
     if "--stream" in command:   # the text, then a line of stats without the times: the process's only
-        return dict(process_s=wall, tokens=0, **{part: 0.0 for part in PARTS})
-    stats = json.loads(done.stdout)["stats"]
-    return dict(process_s=wall, tokens=int(stats["num_generated_tokens"]),
+        return dict(process_s=wall, tokens=0, token_ids=None, **{part: 0.0 for part in PARTS})
+    printed = json.loads(done.stdout)
+    stats = printed["stats"]
+    return dict(process_s=wall, tokens=int(stats["num_generated_tokens"]), token_ids=printed["tokens"],
                 **{part: float(stats.get(part) or 0.0) for part in PARTS})
+
+
+def greedy(config: str) -> bool:
+    """Whether a configuration decodes at T=0 (the command line's default temperature)."""
+    _, _, temperature = config.removesuffix("+stream").partition("@")
+    return not temperature or float(temperature) == 0
+
+
+def agreement(config: str, runs: dict[str, list[dict]]) -> bool | None:
+    """At T=0, whether every run of a configuration (each state and repeat: compiled afresh, read
+    back from the compile cache and the program store, or compiled without them) printed the same
+    tokens; None where that is not a check (sampling, or streamed runs, which print no tokens). A
+    program read back whole (`ssd_jax.engine.program_store`) must decode what the compiled one did."""
+    printed = [r["token_ids"] for state_runs in runs.values() for r in state_runs if r.get("token_ids") is not None]
+    if not greedy(config) or not printed:
+        return None
+    return all(p == printed[0] for p in printed)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -90,6 +111,7 @@ def plot(results: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     configs = list(results)
+    states = [s for s in STATES if s in results[configs[0]]]
     fig, ax = plt.subplots(figsize=(7.5, 3.6))
     width = 0.26
     colors = dict(compile_time_s="#c44e52", cost_measure_time_s="#dd8452", wall_time_s="#4c72b0",
@@ -97,8 +119,8 @@ def plot(results: dict, path: str) -> None:
     names = dict(compile_time_s="compile (or load)", cost_measure_time_s="cost measurement",
                  wall_time_s="decode", rest="imports, model load, other")
     streamed = [c.endswith("+stream") for c in configs]   # their stats are not split
-    for s, state in enumerate(STATES):
-        xs = np.asarray([c + (s - 1) * width for c in range(len(configs))])
+    for s, state in enumerate(states):
+        xs = np.asarray([c + (s - (len(states) - 1) / 2) * width for c in range(len(configs))])
         bottom = np.zeros(len(configs))
         for part in PARTS + ("rest",):
             if part == "rest":
@@ -118,7 +140,7 @@ def plot(results: dict, path: str) -> None:
     ax.set_xticks(range(len(configs)))
     ax.set_xticklabels(configs)
     ax.set_ylabel("seconds (median process)")
-    ax.set_ylim(0, max(results[c][s]["process_s"] for c in configs for s in STATES) * 1.25)
+    ax.set_ylim(0, max(results[c][s]["process_s"] for c in configs for s in states) * 1.25)
     ax.set_title("One-shot `ssd-jax generate` (128 tokens): first run, later runs, later runs without "
                  "the compile cache", fontsize=8)
     ax.legend(fontsize=7, loc="upper left")
@@ -135,18 +157,24 @@ def main() -> None:
     parser.add_argument("--prompt", default="def fibonacci(n):")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--states", default=",".join(STATES),
+                        help=f"which of {', '.join(STATES)} to run (first always runs: it fills the cache)")
     parser.add_argument("--out", default=os.path.join(RESULTS, "startup"), help=OUT_HELP)
     args = parser.parse_args()
+    states = [s for s in STATES if s in args.states.split(",") or s == "first"]
+    unknown = set(args.states.split(",")) - set(STATES)
+    if unknown:
+        parser.error(f"unknown --states {', '.join(sorted(unknown))} (choose among {', '.join(STATES)})")
     args.out = output_stem(args.out)
     configs = args.configs.split(",")
 
-    runs = {c: {s: [] for s in STATES} for c in configs}
+    runs = {c: {s: [] for s in states} for c in configs}
     scratch = tempfile.mkdtemp(prefix="ssd_jax_startup_")
     try:
         for r in range(args.repeats):
             for config in configs:
                 home = os.path.join(scratch, f"{r}_{config.replace(':', '_').replace('@', '_t').replace('+', '_')}")
-                for state in STATES:
+                for state in states:
                     run = one_run(config, args.prompt, args.new_tokens, home, state)
                     runs[config][state].append(run)
                     print(f"repeat {r + 1}/{args.repeats} {config:6s} {state:7s} {run['process_s']:6.2f} s "
@@ -155,7 +183,13 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    results = {c: {s: summary(runs[c][s]) for s in STATES} for c in configs}
+    results = {c: {s: summary(runs[c][s]) for s in states} for c in configs}
+    agreed = {c: agreement(c, runs[c]) for c in configs}
+    for config, same in agreed.items():
+        if same is False:
+            print(f"bench_startup: WARNING: {config}'s runs printed different tokens at T=0 across states "
+                  "(a program read back decodes otherwise, or a per-call choice took another program whose "
+                  "numerics differ)")
     base = next((results[c] for c in configs if c.partition("@")[0].removesuffix("+stream") == "ar"), None)
     print()
     print(format_table(["config", "state", "process s", "compile s", "measure s", "decode s", "x AR's process"],
@@ -164,7 +198,8 @@ def main() -> None:
                          f"{v['process_s'] / base[s]['process_s']:.2f}" if base else "-"]
                         for c in configs for s, v in results[c].items()]))
     write_json(args.out + ".json", dict(machine=machine_info(), prompt=args.prompt, new_tokens=args.new_tokens,
-                                       repeats=args.repeats, states=list(STATES), results=results, runs=runs))
+                                       repeats=args.repeats, states=states, results=results,
+                                       same_tokens_at_t0=agreed, runs=runs))
     plot(results, args.out + ".png")
     print(f"wrote {args.out}.json and {args.out}.png")
 

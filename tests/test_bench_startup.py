@@ -29,3 +29,17 @@ def test_a_state_is_the_median_of_its_runs_and_the_plot_is_written(tmp_path):
     results = {c: {s: median for s in bench_startup.STATES} for c in ("ar", "sd")}
     bench_startup.plot(results, str(tmp_path / "startup.png"))
     assert (tmp_path / "startup.png").stat().st_size > 1000
+    two_states = {c: {s: median for s in ("first", "later")} for c in ("ar", "sd")}   # --states first,later
+    bench_startup.plot(two_states, str(tmp_path / "two.png"))
+    assert (tmp_path / "two.png").stat().st_size > 1000
+
+
+def test_greedy_configurations_must_print_the_same_tokens_in_every_state():
+    def runs(*printed):
+        return {state: [dict(token_ids=p)] for state, p in zip(bench_startup.STATES, printed)}
+
+    assert bench_startup.agreement("sd", runs([[5, 6]], [[5, 6]], [[5, 6]])) is True
+    assert bench_startup.agreement("sd:4@0", runs([[5, 6]], [[5, 7]], [[5, 6]])) is False   # a read-back differs
+    assert bench_startup.agreement("pld@1", runs([[5]], [[6]], [[7]])) is None   # sampling: no check
+    assert bench_startup.agreement("sd+stream", runs(None, None, None)) is None  # streamed: no tokens
+    assert bench_startup.greedy("sd@0.0+stream") and not bench_startup.greedy("sd:2@0.5")
