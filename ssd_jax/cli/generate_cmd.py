@@ -9,6 +9,7 @@ import sys
 
 from ssd_jax.errors import InputError
 from ssd_jax.methods import CLI_DEFAULT_METHOD, METHODS
+from ssd_jax.progress import show_notices
 
 SUMMARY_FIELDS = (
     "num_generated_tokens", "tokens_per_second", "wall_time_s", "compile_time_s", "target_calls",
@@ -237,6 +238,8 @@ def run(args) -> int:
     from ssd_jax.engine.compile_cache import use_command_line_cache
 
     use_command_line_cache(args.compile_cache)
+    if sys.stderr.isatty():   # a first run compiles and times for tens of seconds: say so
+        show_notices(sys.stderr)
     target, draft = load_models(args)
     method = build_method(args)
     if args.method == "csd" or args.drafts:

@@ -36,6 +36,7 @@ import numpy as np
 
 from ssd_jax.engine import calibration_store, program_store
 from ssd_jax.engine.compile_cache import signature
+from ssd_jax.progress import notice
 
 PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
 ACCEPTANCE_MEMORY = 0.5   # weight of the previous calls in the remembered acceptance
@@ -261,13 +262,14 @@ def _loop_seconds(params, config, batch: int, width: int, context: int) -> float
     kept = calibration_store.load(stored)
     if kept is not None and len(kept) == 1 and kept[0] > 0:
         return kept[0]
-    compiled = (lowered or loop.lower(params)).compile()
-    jax.block_until_ready(compiled(params))
-    best = np.inf
-    for _ in range(_REPEATS):
-        start = time.perf_counter()
+    with notice(f'timing a forward of {width} token{"s" if width > 1 else ""} for draft_len="auto" (once per machine)'):
+        compiled = (lowered or loop.lower(params)).compile()
         jax.block_until_ready(compiled(params))
-        best = min(best, time.perf_counter() - start)
+        best = np.inf
+        for _ in range(_REPEATS):
+            start = time.perf_counter()
+            jax.block_until_ready(compiled(params))
+            best = min(best, time.perf_counter() - start)
     seconds = best / _LOOP_FORWARDS
     calibration_store.save(stored, (seconds,))
     return seconds
@@ -617,8 +619,9 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
         stored = calibration_store.path_for(executable, key=program_key)
         calibration = calibration_store.load(stored)
         if calibration is None or len(calibration) != size:
-            calibration = tuple(float(x) for x in agreed(np.asarray(
-                _calibrate(executable, args, costs, takes_cap, table_caps))))
+            with notice('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
+                calibration = tuple(float(x) for x in agreed(np.asarray(
+                    _calibrate(executable, args, costs, takes_cap, table_caps))))
             calibration_store.save(stored, calibration)
         with _COSTS_LOCK:
             _CALIBRATION.store(program_key, calibration)

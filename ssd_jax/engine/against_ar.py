@@ -29,6 +29,7 @@ from ssd_jax.engine import calibration_store
 from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, _CALIBRATION_TOKENS, agreed, timed_run,
                                      trimmed_mean)
 from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
+from ssd_jax.progress import notice
 
 # A call is checked against AR's program when its priced seconds are at least this share of its
 # AR steps at the loop's plain price: AR's program is at most ~25% cheaper than those (H100,
@@ -120,20 +121,21 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     tokens = min(int(np.asarray(ar_args[-1])), _CALIBRATION_TOKENS)
     if tokens < 2:
         return None
-    runs = dict(ar_short=timed_run(ar_executable, ar_args, 1), ar_long=timed_run(ar_executable, ar_args, tokens),
-                loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
-                loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
-    steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
-    extra = {name: steps[f"{name}_long"] - steps[f"{name}_short"] for name in ("ar", "loop")}
-    if min(extra.values()) < 1:
-        return None
-    ratios = []
-    for _ in range(_CALIBRATION_ROUNDS):
-        seconds = {name: run()[0] for name, run in runs.items()}
-        per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
-                    for name in ("ar", "loop")}
-        ratios.append(per_step["ar"] / per_step["loop"])
-    ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
+    with notice("timing AR's step against the adaptive loop's plain step (once per program and machine)"):
+        runs = dict(ar_short=timed_run(ar_executable, ar_args, 1), ar_long=timed_run(ar_executable, ar_args, tokens),
+                    loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
+                    loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
+        steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
+        extra = {name: steps[f"{name}_long"] - steps[f"{name}_short"] for name in ("ar", "loop")}
+        if min(extra.values()) < 1:
+            return None
+        ratios = []
+        for _ in range(_CALIBRATION_ROUNDS):
+            seconds = {name: run()[0] for name, run in runs.items()}
+            per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
+                        for name in ("ar", "loop")}
+            ratios.append(per_step["ar"] / per_step["loop"])
+        ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
     plausible = _plausible(ratio)
     _AR_RATIO.store(key, ratio if plausible else float("nan"))
     if plausible:   # an implausible one is measured again by the next process

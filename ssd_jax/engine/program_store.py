@@ -49,6 +49,7 @@ import jax
 import numpy as np
 
 from ssd_jax.engine.calibration_store import machine, write_atomically
+from ssd_jax.progress import notice
 
 FORMAT = 2
 FOLDER = "ssd_jax-programs"
@@ -254,7 +255,9 @@ def load_or_compile(fn: Callable, key: tuple, compile: Callable[[], Any]):
     if executable is not None:
         return executable
     hits = _persistent_cache_hits
-    executable = compile()
+    later = "; later runs load it" if kept is not None else ""
+    with notice(f"compiling a decode program{later}"):
+        executable = compile()
     if kept is not None and _persistent_cache_hits == hits:
         kept.save(executable)
     return executable
