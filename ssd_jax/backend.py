@@ -84,6 +84,7 @@ the platform of JAX's default device, which is where an unannotated jit compiles
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
 from typing import Any, Callable
 
@@ -188,6 +189,21 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_features() -> str:
+    """The host CPU's instruction-set flags (/proc/cpuinfo's "flags", or "Features" on ARM; ""
+    where there is none): XLA:CPU compiles for them, and virtual machines of one CPU model can
+    hide some (an executable built where AVX-512 is on dies with SIGILL where it is off)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return ""
 
 
 def describe() -> dict:

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import os
 import pickle
+import time
 import types
 
 import jax
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from ssd_jax import backend
 from ssd_jax.engine import compile_cache, program_store
 from ssd_jax.engine.compile_cache import signature
 from spec_models import pair
@@ -106,7 +108,8 @@ def test_ssd_keeps_its_device_programs_too(models, store, loads):
 
 def test_another_library_setting_or_machine_finds_no_program(models, store, monkeypatch):
     """The entry's name changes with the library's source, the environment's XLA flags, JAX's
-    configuration and the argument shapes; a stored key that differs from the call's is not run
+    configuration, the argument shapes, the CPU's instruction sets, Python's, numpy's and flax's
+    versions, and a numpy scalar's type; a stored key that differs from the call's is not run
     (a digest collision)."""
     target, draft = models
     fn = functools.partial(ssd_jax.generate, temperature=0.0)
@@ -122,7 +125,13 @@ def test_another_library_setting_or_machine_finds_no_program(models, store, monk
     with jax.default_matmul_precision("highest"):
         names.add(program_store.entry(fn, key).path)
     names.add(program_store.entry(fn, (key[0], signature((np.zeros((2, 4), np.int32),)), ())).path)
-    assert len(names) == 5
+    monkeypatch.setattr(backend, "cpu_features", lambda: "sse2 avx2")   # a VM hiding AVX-512
+    names.add(program_store.entry(fn, key).path)
+    monkeypatch.setattr(program_store, "_versions", lambda: ("3.11.7", "1.26.4", "0.10.0"))
+    names.add(program_store.entry(fn, key).path)
+    float32 = program_store.entry(fn, (("decode", np.float32(1.0)), signature(args), ())).path
+    assert float32 != program_store.entry(fn, (("decode", 1.0), signature(args), ())).path
+    assert len(names) == 7
     monkeypatch.undo()
 
     out = ssd_jax.generate(target, PROMPTS, method=ssd_jax.SD(draft_len=2), draft=draft, max_new_tokens=4)
@@ -161,6 +170,52 @@ def test_a_damaged_entry_is_dropped_and_the_program_compiled_again(models, store
     assert not [n for n in os.listdir(store) if n.endswith(".tmp")]
 
 
+def test_an_entry_whose_bytes_changed_is_dropped_unrun(store, monkeypatch):
+    """Bytes of the executable flipped inside an entry that still unpickles (a bad disk): run, such
+    a copy crashed the process (SIGSEGV, SIGILL) on every later run; its sha256 no longer matches,
+    so it is dropped and the program compiled again."""
+    from ssd_jax.engine.ssd_steps import select_q
+
+    args = (np.zeros((1, 3, 2, 39), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
+    key = (("flipped",), signature(args), ())
+    program_store.Entry.save(program_store.entry(select_q, key), jax.jit(select_q).lower(*args).compile())
+    (name,) = _kept(store)
+    path = os.path.join(store, name)
+    with open(path, "rb") as f:
+        stored = pickle.load(f)
+    assert stored["digest"] == program_store._digest(stored["executable"])
+    assert program_store.entry(select_q, key).load() is not None   # intact: loads
+    flipped = bytearray(stored["executable"])
+    flipped[len(flipped) // 2] ^= 0xFF
+    with open(path, "wb") as f:
+        pickle.dump(dict(stored, executable=bytes(flipped)), f)
+    from jax.experimental import serialize_executable
+
+    deserialized = []
+    monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: deserialized.append(a))
+    assert program_store.entry(select_q, key).load() is None and _kept(store) == []
+    assert deserialized == []   # never handed to XLA
+
+
+def test_an_executable_jax_hands_back_without_compiling_is_not_kept(store):
+    """A function lowered and compiled again in one process (after the in-process cache dropped
+    it, or under another key) gets JAX's earlier executable back without a compile; if that one was
+    read from JAX's persistent cache it has no code, and a later process that loaded a copy of it
+    would fail ("Function ... not found"), so only what JAX compiled in the call is kept."""
+    from ssd_jax.engine.ssd_steps import select_q
+
+    args = (np.zeros((1, 3, 2, 37), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
+    sig = signature(args)
+
+    def compile_it():
+        return jax.jit(select_q).lower(*args).compile()
+
+    program_store.load_or_compile(select_q, (("first",), sig, ()), compile_it)
+    kept = _kept(store)   # the first compile's, unless JAX's persistent cache held the program already
+    program_store.load_or_compile(select_q, (("second",), sig, ()), compile_it)
+    assert _kept(store) == kept   # JAX's executable from the first call: not compiled here
+
+
 @dataclasses.dataclass(frozen=True)
 class UsersOwnSD(ssd_jax.SD):
     """A user's subclass: its code is not the library's, so no digest of the library covers it."""
@@ -197,8 +252,12 @@ def test_the_store_keeps_the_most_recently_used_entries(tmp_path, monkeypatch):
         path.write_bytes(b"x")
         os.utime(path, (1000 + i, 1000 + i))
     (tmp_path / "not-an-entry.txt").write_bytes(b"x")
+    for name, age in (("killed-writer.tmp", 2 * program_store.STALE_TEMPORARY_S), ("writing.tmp", 5)):
+        (tmp_path / name).write_bytes(b"x")
+        os.utime(tmp_path / name, (time.time() - age,) * 2)
     program_store._evict(str(tmp_path))
-    assert sorted(os.listdir(tmp_path)) == ["middle.program", "new.program", "not-an-entry.txt"]
+    assert sorted(os.listdir(tmp_path)) == ["middle.program", "new.program", "not-an-entry.txt", "writing.tmp"]
+    os.remove(tmp_path / "writing.tmp")
     monkeypatch.setattr(program_store, "MAX_BYTES", 1)
     program_store._evict(str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == ["new.program", "not-an-entry.txt"]

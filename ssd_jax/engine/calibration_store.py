@@ -158,6 +158,8 @@ def write_atomically(path: str, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())   # on disk before the name points at it (a crash keeps the old file)
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)

@@ -10,9 +10,10 @@ digest of everything that decides the program without tracing it:
     the program's function and its key in the in-process cache (`compile_cache.PROGRAMS`: method,
         sampling, buckets, adaptive plan), its arguments' structure, shapes, dtypes and shardings
     the library's own source (every module of the ssd_jax package, `source_digest`)
-    jax and jaxlib versions, JAX's configuration, and the environment's XLA_*, JAX_*, SSD_JAX_*,
-        TPU_* and LIBTPU_* variables (but those naming where caches are kept)
-    the machine (`calibration_store.machine`: backend, device kinds, CPU model, core count)
+    jax, jaxlib, Python, numpy and flax versions, JAX's configuration, and the environment's XLA_*,
+        JAX_*, SSD_JAX_*, TPU_* and LIBTPU_* variables (but those naming where caches are kept)
+    the machine (`calibration_store.machine`: backend, device kinds, CPU model, core count; the
+        CPU's instruction-set flags, `backend.cpu_features`) and the program's device (id, kind)
     FORMAT (bumped whenever what an entry holds changes)
 
 A program is kept only where that text says everything about it (`_text`): every part of its key
@@ -23,10 +24,16 @@ method or drafter class, a value printed in part (a large array's "..."), an obj
 its address, a program spanning several devices or processes: kept in memory only, compiled in
 each process as before. Only programs compiled afresh are kept: one that JAX's persistent cache
 read back serializes without its code (on CPU its copy fails with "Function ... not found" when
-run), so a compile during which that cache reported a hit keeps nothing. An entry holds its key's
-full text, compared when it is read, so a digest collision never runs another program. Files are
-written to a temporary name and renamed; an unreadable entry is removed and compiled again. At
-most MAX_FILES entries and MAX_BYTES in all, the least recently used removed first.
+run), so a compile during which that cache reported a hit keeps nothing, and so does one that
+JAX answered with an executable it had made earlier in the process (no backend compile in the
+compiling thread: a function compiled again after the in-process cache dropped it, whose first
+executable may have been read back). An entry holds its key's
+full text, compared when it is read, so a digest collision never runs another program, and a
+sha256 of the executable's bytes, checked before it is loaded (a flipped byte that still unpickles
+would otherwise run, and crash the process on every later run). Files are written to a temporary
+name, synced and renamed; an unreadable or damaged entry is removed and compiled again. At most
+MAX_FILES entries and MAX_BYTES in all, the least recently used removed first; temporary files a
+killed writer left are removed after an hour.
 
 Where: a folder `ssd_jax-programs` inside the compile cache directory, only while ssd_jax's
 persistent compile cache is on (the command line's default, `ssd_jax.use_persistent_cache`);
@@ -41,7 +48,10 @@ import functools
 import hashlib
 import os
 import pickle
+import platform
 import re
+import threading
+import time
 import types
 from typing import Any, Callable
 
@@ -51,19 +61,25 @@ import numpy as np
 from ssd_jax.engine.calibration_store import machine, write_atomically
 from ssd_jax.progress import notice
 
-FORMAT = 2
+FORMAT = 3
 FOLDER = "ssd_jax-programs"
 SUFFIX = ".program"
 # A later run's program of the embedded pair is ~6 MB on CPU; 64 of them cover every method at two
 # temperatures and a few prompt buckets.
 MAX_FILES = 64
 MAX_BYTES = 1 << 30
+STALE_TEMPORARY_S = 3600   # a temporary file this old is no write in progress
 ENV_PREFIXES = ("XLA_", "JAX_", "SSD_JAX_", "TPU_", "LIBTPU_")
 # Text that stands for something it does not print: an object's address, an elided array.
 _UNSPOKEN = re.compile(r" at 0x|\.\.\.")
 
 _directory: str | None = None
 _persistent_cache_hits = 0
+# Backend compiles (or persistent-cache reads) run by this thread: a jit whose function JAX has
+# lowered and compiled before in this process hands back that executable without either, and if
+# that one was read from JAX's persistent cache it has no code to keep (see the module's docstring).
+_compiles = threading.local()
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 def _count_hits(event: str, **kwargs) -> None:
@@ -72,8 +88,15 @@ def _count_hits(event: str, **kwargs) -> None:
         _persistent_cache_hits += 1
 
 
-# JAX's persistent cache reports each program it reads back (see the module's docstring).
+def _count_compiles(event: str, duration_secs: float, **kwargs) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        _compiles.count = getattr(_compiles, "count", 0) + 1
+
+
+# JAX's persistent cache reports each program it reads back, and JAX each program it compiles or
+# reads (in the thread that asked for it).
 jax.monitoring.register_event_listener(_count_hits)
+jax.monitoring.register_event_duration_secs_listener(_count_compiles)
 
 
 def use_directory(compile_cache_dir: str | None) -> str | None:
@@ -109,7 +132,9 @@ def _text(value: Any) -> str | None:
     """value's text where it says all that makes value what it is, None otherwise: builtin
     scalars, strings and dtypes by their repr, ssd_jax's own module-level functions by name,
     containers of such, and dataclasses of ssd_jax's own classes by the fields they compare."""
-    if value is None or isinstance(value, (bool, int, float, str, bytes, np.dtype, np.generic)):
+    if isinstance(value, np.generic):   # by its type too: numpy 1.x prints float32(1) as 1.0
+        return f"{type(value).__name__}({value!r})"
+    if value is None or isinstance(value, (bool, int, float, str, bytes, np.dtype)):
         return repr(value)
     if isinstance(value, types.FunctionType):
         named = _ours(value.__module__) and "<" not in value.__qualname__
@@ -177,14 +202,30 @@ def _names_a_place(variable: str) -> bool:
     return "CACHE" in variable or variable.endswith("_DIR")
 
 
+@functools.lru_cache(maxsize=1)
+def _versions() -> tuple:
+    """Python's, numpy's and flax's versions: an entry pickles pytree definitions of their classes
+    (jax's and jaxlib's are in `machine`)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        flax = version("flax")
+    except PackageNotFoundError:
+        flax = None
+    return (platform.python_version(), np.__version__, flax)
+
+
 def _environment() -> str:
     """What besides the key decides a program in this process: versions, configuration, machine."""
+    from ssd_jax.backend import cpu_features
+
     # The compilation cache's own settings say where programs are kept, not what they compute.
     settings = sorted((k, repr(v)) for k, v in jax.config.values.items() if "cache" not in k)
     env = sorted((k, v) for k, v in os.environ.items() if k.startswith(ENV_PREFIXES) and not _names_a_place(k))
-    # machine() holds the jax and jaxlib versions too.
+    # machine() holds the jax and jaxlib versions too; the CPU's flags by digest (XLA:CPU compiles for them).
+    features = hashlib.sha256(cpu_features().encode()).hexdigest()[:16]
     return repr((FORMAT, source_digest(), jax.devices()[0].client.platform_version, sorted(machine().items()),
-                 settings, env))
+                 _versions(), features, settings, env))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +251,9 @@ class Entry:
             return None
         if not isinstance(stored, dict) or stored.get("key") != self.key_text:
             return None   # another program under the same digest: left to it
+        if stored.get("digest") != _digest(stored.get("executable")):
+            self._drop()   # damaged where unpickling cannot tell (a flipped byte ran and crashed)
+            return None
         try:
             executable = deserialize_and_load(stored["executable"], stored["in_tree"], stored["out_tree"],
                                               backend=self.device.client, execution_devices=[self.device])
@@ -234,8 +278,8 @@ class Entry:
 
         try:
             serialized, in_tree, out_tree = serialize(executable)
-            payload = pickle.dumps(dict(key=self.key_text, executable=serialized, in_tree=in_tree,
-                                        out_tree=out_tree), protocol=pickle.HIGHEST_PROTOCOL)
+            payload = pickle.dumps(dict(key=self.key_text, executable=serialized, digest=_digest(serialized),
+                                        in_tree=in_tree, out_tree=out_tree), protocol=pickle.HIGHEST_PROTOCOL)
         except Exception:   # noqa: BLE001 - constants or callbacks the serializer refuses: memory only
             return
         try:
@@ -245,20 +289,28 @@ class Entry:
         _evict(os.path.dirname(self.path))
 
 
+def _digest(data) -> str | None:
+    """sha256 of an entry's executable bytes, checked when it is read."""
+    return hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else None
+
+
 def load_or_compile(fn: Callable, key: tuple, compile: Callable[[], Any]):
     """The executable of fn under `key` (`compile_cache.CompileCache.compiled`'s: static key,
     argument signature, donated arguments): read from the store where it holds it, else
-    `compile()`d, and kept where the key says everything and the compile was fresh (not read back
-    from JAX's persistent cache: any such read while compiling, in any thread, keeps nothing)."""
+    `compile()`d, and kept where the key says everything and the compile was fresh: JAX compiled
+    it in this thread (an executable it made before in this process, which it hands back without
+    compiling, may be one read from its persistent cache) and read nothing back from its
+    persistent cache meanwhile, in any thread."""
     kept = entry(fn, key)
     executable = None if kept is None else kept.load()
     if executable is not None:
         return executable
-    hits = _persistent_cache_hits
+    hits, compiles = _persistent_cache_hits, getattr(_compiles, "count", 0)
     later = "; later runs load it" if kept is not None else ""
     with notice(f"compiling a decode program{later}"):
         executable = compile()
-    if kept is not None and _persistent_cache_hits == hits:
+    fresh = getattr(_compiles, "count", 0) > compiles and _persistent_cache_hits == hits
+    if kept is not None and fresh:
         kept.save(executable)
     return executable
 
@@ -287,7 +339,7 @@ def entry(fn: Callable, key: tuple) -> Entry | None:
     device = _one_device(signature)
     # The device by id (the environment names the backend): a sharding over a one-device mesh
     # prints the mesh's shape only.
-    placed = None if device is None else f"device {device.id}"
+    placed = None if device is None else f"device {device.id} {device.device_kind}"
     key_text = None if device is None else describe(_function_name(fn), (static_key, donated, placed), signature)
     if key_text is None:
         return None
@@ -296,13 +348,16 @@ def entry(fn: Callable, key: tuple) -> Entry | None:
 
 
 def _evict(folder: str) -> None:
-    """Removes the least recently used entries beyond MAX_FILES or MAX_BYTES."""
+    """Removes the least recently used entries beyond MAX_FILES or MAX_BYTES, and temporary files
+    older than STALE_TEMPORARY_S (a writer killed mid-write)."""
     try:
         entries = []
         for name in os.listdir(folder):
+            stat = os.stat(os.path.join(folder, name))
             if name.endswith(SUFFIX):
-                stat = os.stat(os.path.join(folder, name))
                 entries.append((stat.st_mtime, stat.st_size, name))
+            elif name.endswith(".tmp") and time.time() - stat.st_mtime > STALE_TEMPORARY_S:
+                os.remove(os.path.join(folder, name))
     except OSError:
         return
     entries.sort(reverse=True)
