@@ -254,18 +254,22 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     # run is the executable's first (CPU, CSD on short prompts: 9.3 ms per target call against
     # ~5 ms on later runs at the same length, which priced that length out for good).
     timed = stream is None and not stats.get("compile_time_s")
-    for shape in (shapes if length == 0 else [shapes[index]]):   # AR's program is every shape's
-        per_call.record(shape.key, length, stats["wall_time_s"] if timed else None, stats["target_calls"],
-                        stats["block_efficiency"] if length else None)
     observed = None
     if length:
         observed = adaptive.acceptance_of(stats["num_accepted_tokens"], stats["num_rejected"])
+    for shape in (shapes if length == 0 else [shapes[index]]):   # AR's program is every shape's
+        # No draft token verified (retrieval found nothing): the tokens read against the acceptance
+        # the call was chosen with, which they then price down to what they were.
+        per_call.record(shape.key, length, stats["wall_time_s"] if timed else None, stats["target_calls"],
+                        stats["block_efficiency"] if length else None,
+                        shapes[index].acceptance if observed is None else observed)
+    if length:
         adaptive.ACCEPTANCE.update(candidates[index].memory_key, observed)
     stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
                  remembered_acceptance=shapes[index].acceptance, observed_acceptance=observed,
                  cost_measure_time_s=measure_s)
-    if paths_open:
-        stats["chosen_paths"] = shapes[index].paths
+    if paths_open:   # on a call of AR's program, the shape a probe would run is not what ran
+        stats["chosen_paths"] = shapes[index].paths if length else None
     return out
 
 

@@ -141,3 +141,26 @@ def test_compare_reports_the_median_of_paired_rounds():
     assert COMPARE_ROUNDS == 5 and calls == ["method", "ar"] * 6
     assert speedup == 1.2   # ratios 1.2, 1.2, 1.1, 1.24, 1.28
     assert out.stats["tokens_per_second"] == 310.0 and baseline.stats["tokens_per_second"] == 250.0
+
+
+def test_streamed_text_ends_as_the_unstreamed_text_does(capsys):
+    """`--stream`'s printer holds back text that ends inside a multi-byte character; when the
+    decode ends there (a length limit), what it held back is printed too, as the unstreamed
+    output prints it (a replacement character included): every cut of a text of accented
+    letters, an arrow and an emoji, streamed a token and two tokens at a time."""
+    import numpy as np
+    from tokenizers import Tokenizer
+
+    from ssd_jax.cli.generate_cmd import TextStreamer
+    from ssd_jax.defaults import default_model_dirs
+
+    tokenizer = Tokenizer.from_file(os.path.join(default_model_dirs()[0], "tokenizer.json"))
+    ids = tokenizer.encode("naïve café → 😀 done").ids
+    for cut in range(1, len(ids) + 1):
+        for size in (1, 2):
+            printer = TextStreamer(tokenizer, prefix="P:")
+            for at in range(0, cut, size):
+                piece = ids[at:min(at + size, cut)]
+                printer(np.asarray([piece], np.int32), np.asarray([len(piece)], np.int32))
+            printer.finish()
+            assert capsys.readouterr().out == "P:" + tokenizer.decode(ids[:cut]), (cut, size)

@@ -136,6 +136,24 @@ def test_eos_and_streaming(models, prompts):
     assert got == out.tokens
 
 
+def test_a_sink_gets_copies_it_may_change(models, prompts, reference):
+    """The stream's sink gets arrays of its own: one that clears what it was handed (a buffer it
+    reuses) leaves the decode AR's (SSD handed it its live decode arrays: the next step read the
+    zeros)."""
+    target, draft = models
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def clearing_sink(tokens, counts):
+        for row in range(len(prompts)):
+            got[row].extend(int(t) for t in tokens[row, : counts[row]])
+        tokens[:] = 0
+        counts[:] = 0
+
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len=3), draft=draft,
+                           stream=clearing_sink)
+    assert out.tokens == reference.tokens and got == out.tokens
+
+
 # ---------------------------------------------------------------------------------- draft_len="auto"
 
 SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.seen >= 1,
@@ -245,6 +263,27 @@ def test_switch_times_the_lookup_and_fallback_drafting_of_each_step(models, prom
                            draft=draft)
     assert out.tokens == reference.tokens
     assert len(recorded) >= 3 and min(recorded[1:]) >= 0.03
+
+
+def test_switch_leaves_the_sinks_time_out_of_ssds_steps(models, prompts, reference, monkeypatch):
+    """A streamed call's sink that takes 0.1 s a piece (a slow consumer) is not SSD's time: every
+    step the switch records takes less (counted in, it judged SSD slower than plain decoding, and
+    remembered so for later unstreamed calls)."""
+    target, draft = models
+    recorded: list[float] = []
+    original_record = ssd_auto.PlainSwitch.record
+
+    def record(self, seconds, *args, compiled=False, **kwargs):
+        if not compiled:   # a step that compiled a program is not judged
+            recorded.append(seconds)
+        return original_record(self, seconds, *args, compiled=compiled, **kwargs)
+
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "record", record)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft, stream=lambda tokens, counts: time.sleep(0.1))
+    assert out.tokens == reference.tokens
+    assert len(recorded) >= 3 and max(recorded) < 0.1
 
 
 def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):

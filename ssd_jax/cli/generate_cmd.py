@@ -167,9 +167,31 @@ class TextStreamer:
         self.tokens.extend(int(t) for t in new_tokens[0, : int(counts[0])])
         text = self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
         if text.startswith(self.printed) and not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(self.printed):])
-            sys.stdout.flush()
-            self.printed = text
+            self._write(text)
+
+    def finish(self) -> None:
+        """Prints what was held back when the decode ended: the text after the last piece that
+        ended inside a character (the unstreamed output prints it, a replacement character
+        included), or the whole text where a merge rewrote what was printed."""
+        if self.prefix:
+            sys.stdout.write(self.prefix)
+            self.prefix = ""
+        text = self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
+        if text != self.printed:
+            self._write(text if text.startswith(self.printed) else self.printed + text[len(_common(text, self.printed)):])
+
+    def _write(self, text: str) -> None:
+        sys.stdout.write(text[len(self.printed):])
+        sys.stdout.flush()
+        self.printed = text
+
+
+def _common(a: str, b: str) -> str:
+    """The longest common prefix of two texts."""
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 # Method options settable from the command line (argparse dest -> method field: generate.OLD_OPTIONS).
@@ -263,6 +285,7 @@ def run(args) -> int:
         out.stats["speedup_over_ar"] = speedup
         out.stats["compare_rounds"] = COMPARE_ROUNDS
     if streaming:
+        stream.finish()
         print()
         print_stats(out.stats)
     elif len(prompts) == 1 and not args.json:

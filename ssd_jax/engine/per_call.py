@@ -83,10 +83,15 @@ EXPLORE_GAIN = 1.05      # a program never run is chosen only where it predicts 
 PROBE_OVERHEAD = 0.01   # while AR's program wins, probes cost at most this share of the calls ...
 PROBE_EVERY_MIN = 2      # ... and are at least this many calls apart at first ...
 PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubles that, up to this
+RETIME_EVERY_MAX = 1024  # the same for re-timing a winning program's runner-up (`_retimed_runner_up`)
 
 _PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> seconds per target call
-_TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> tokens per target call
+# (program key, L) -> tokens per target call over E(L, a) at the acceptance a the call observed
+_TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)
 _AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
+# group -> (the winning program, calls of it since its runner-up was last re-timed, re-timings it
+# kept winning through)
+_WINNER_CALLS = Recent()
 _COMPACT = Recent(1024)   # a program's or group's full key -> its short key (`compact`)
 _LAYOUTS = Recent()       # (group, context bucket, timings allowed) -> its Candidates (`layout`)
 _NUMBERS = itertools.count()
@@ -264,28 +269,51 @@ def prices(key, menu: Menu, borrow: Sequence[tuple] = (), memo: dict | None = No
         for other_key, other_menu, scale in borrow:
             theirs = {n: extra for n, extra in _surpluses(other_key, other_menu, memo).items() if n > 0}
             if theirs:
-                borrowed = theirs, scale
+                borrowed = theirs, scale, other_menu
                 break
     out = np.full(menu.max_len + 1, np.inf)
     for length in (0,) + menu.lengths:
         if length in surplus:
             extra = surplus[length]
         elif drafted:
-            extra = surplus[_nearest(drafted, length)]
+            near = _nearest(drafted, length)
+            extra = _carried(surplus[near], menu.model_s[near], menu.model_s[length])
         elif borrowed is not None and length > 0:
-            theirs, scale = borrowed
-            extra = theirs[_nearest(theirs, length)]
-            extra *= scale if extra > 0 else 1.0
+            theirs, scale, other_menu = borrowed
+            near = _nearest(theirs, length)
+            extra = theirs[near] * scale if theirs[near] > 0 else _carried(
+                theirs[near], other_menu.model_s[near], menu.model_s[length])
         else:
             extra = surplus.get(0, 0.0)
-        out[length] = max(menu.model_s[length] + extra, 1e-12)
+        price = menu.model_s[length] + extra
+        if length and length not in surplus:
+            # A speculative step verifies more than AR's and drafts besides: never predicted cheaper.
+            price = max(price, out[0])
+        out[length] = max(price, 1e-12)
     return out
+
+
+def _carried(surplus: float, source_model_s: float, model_s: float) -> float:
+    """A measured surplus carried to a program it was not measured on: as is where positive (the
+    part the model misses: sampling, verification, launches), in proportion to the model's price
+    where negative (forwards cheaper inside the program than timed alone: as a share of them,
+    since an absolute one taken off a shorter length's smaller price left it at or below 0, and
+    that length predicted 57x to 2e12x AR)."""
+    if surplus >= 0 or source_model_s <= 0:
+        return surplus
+    return surplus * model_s / source_model_s
 
 
 def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
     """float64 [max_len + 1]: tokens per target call of AR's program (1) and of each menu length:
-    measured on its past calls, else E(L, a) times the nearest measured length's measured / E
-    (the shorter on a tie), else E(L, a). Entries off the menu: 0."""
+    E(L, a) at the remembered acceptance a, times what that length's past calls read against E at
+    the acceptance each observed (`record`), else the nearest measured length's (the shorter on a
+    tie), else 1. So the lengths follow the text's acceptance, which every speculative call
+    renews, while only a length's own calls say how far it reads from the geometric law (a
+    retrieval draft that finds nothing on some steps; a length measured while the text was hard
+    kept its few tokens when they were remembered as such, and lost to shorter ones for good:
+    simulated, L=2 on 258 of 260 calls at 0.68 of L=8 after a 10-call dip). Entries off the
+    menu: 0."""
     measured = {}
     if timings_allowed():
         for length in menu.lengths:
@@ -295,13 +323,9 @@ def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
     out = np.zeros(menu.max_len + 1)
     out[0] = 1.0
     for length in menu.lengths:
-        if length in measured:
-            out[length] = measured[length]
-            continue
-        out[length] = expected_tokens(acceptance, length)
-        if measured:
-            near = _nearest(measured, length)
-            out[length] *= measured[near] / expected_tokens(acceptance, near)
+        ratio = measured[length] if length in measured else (
+            measured[_nearest(measured, length)] if measured else 1.0)
+        out[length] = expected_tokens(acceptance, length) * ratio
     return out
 
 
@@ -335,14 +359,13 @@ def shape_speedups(shapes: Sequence[Shape], memo: dict | None = None) -> list[np
     return out
 
 
-def probe_interval(best_speedup: float, probes_lost: int) -> int:
+def probe_interval(best_speedup: float, probes_lost: int, most: int = PROBE_EVERY_MAX) -> int:
     """The calls of AR's program between probes while it wins: as many as keep a probe's predicted
     loss (1 / best_speedup - 1 of an AR call) within PROBE_OVERHEAD of them, at least
-    PROBE_EVERY_MIN, doubled for each probe AR's program kept winning through, at most
-    PROBE_EVERY_MAX."""
+    PROBE_EVERY_MIN, doubled for each probe AR's program kept winning through, at most `most`."""
     loss = 1.0 / max(best_speedup, 1e-6) - 1.0
     first = max(PROBE_EVERY_MIN, calls_apart(loss, PROBE_OVERHEAD))
-    return min(first * 2 ** min(probes_lost, 16), PROBE_EVERY_MAX)
+    return min(first * 2 ** min(probes_lost, 16), most)
 
 
 def _priced(shapes: Sequence[Shape], memo: dict | None = None) -> np.ndarray:
@@ -373,16 +396,46 @@ def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
     if flat[best] > (1.0 if priced[best] else EXPLORE_GAIN):
         with _LOCK:
             _AR_CALLS.store(group, (0, 0))
-        return _place(table, best)
+        return _retimed_runner_up(group, table, flat, priced, best)
     if priced.any():
         best = int(np.argmax(np.where(priced, np.round(flat, 6), -np.inf)))
     with _LOCK:
+        _WINNER_CALLS.store(group, (None, 0, 0))
         since, probes_lost = _AR_CALLS.lookup(group, (0, 0))
         since += 1
         probe = since >= probe_interval(float(flat[best]), probes_lost) and timings_allowed()
         _AR_CALLS.store(group, (0, probes_lost + 1) if probe else (since, probes_lost))
     index, length = _place(table, best)
     return index, (length if probe else 0)
+
+
+def _retimed_runner_up(group, table: Sequence[np.ndarray], flat: np.ndarray, priced: np.ndarray,
+                       best: int) -> tuple[int, int]:
+    """(shape index, length) of a call where a speculative program wins: that program, but for a
+    re-timing of the runner-up (the best other priced program, or AR's), once `probe_interval`
+    calls of the winner ran since it won or since the runner-up was last re-timed (at the
+    runner-up's predicted speed relative to the winner's, doubled each re-timing the winner kept
+    winning through, at most RETIME_EVERY_MAX: a runner-up far behind costs a re-timing within
+    PROBE_OVERHEAD of the calls between, so it is re-timed seldom, but still is). A price is renewed only by running its program: without this one slow run of
+    AR's program, or of a longer length when the text turned easier, kept it priced out for good
+    (simulated: L=1 on 270 of 270 calls at 0.91x AR after one AR run 2x slow; L=4 at 2.2x where
+    L=8 paid 2.5x)."""
+    others = np.where(priced & (np.arange(flat.shape[0]) != best), np.round(flat, 6), -np.inf)
+    runner = int(np.argmax(others)) if np.isfinite(others).any() else None
+    runner_speedup = 1.0 if runner is None or flat[runner] < 1.0 else float(flat[runner])
+    with _LOCK:
+        winner, since, kept = _WINNER_CALLS.lookup(group, (None, 0, 0))
+        if winner != best:
+            since, kept = 0, 0
+        since += 1
+        interval = probe_interval(runner_speedup / float(flat[best]), kept, RETIME_EVERY_MAX)
+        retime = since >= interval and timings_allowed()
+        _WINNER_CALLS.store(group, (best, 0, kept + 1) if retime else (best, since, kept))
+    if not retime:
+        return _place(table, best)
+    if runner is None or flat[runner] < 1.0:   # AR's program is the runner-up
+        return _place(table, best)[0], 0
+    return _place(table, runner)
 
 
 def _place(table: Sequence[np.ndarray], flat_index: int) -> tuple[int, int]:
@@ -403,17 +456,22 @@ def ar_unpriced(key) -> bool:
     return timings_allowed() and _PRICES.lookup((key, 0)) is None
 
 
-def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None) -> None:
+def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None,
+           acceptance: float | None = None) -> None:
     """A finished call of length's program (0: AR's): its seconds per target call join that
     length's price (None: not timed, a streamed call's host copies would be in it), its tokens
-    per target call (a speculative length's) that length's tokens (neither under
-    SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target call)."""
+    per target call (a speculative length's) over E(length, acceptance), the per-position
+    acceptance the call observed (required with tokens), that length's ratio to the geometric law
+    (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
+    call."""
+    if length and tokens is not None and acceptance is None:
+        raise ValueError("per_call.record: tokens need the acceptance the call observed")
     if not timings_allowed() or target_calls <= 0:
         return
     if seconds is not None and seconds > 0:
         _PRICES.add((key, int(length)), float(seconds) / int(target_calls))
     if length and tokens is not None and tokens > 0:
-        _TOKENS.add((key, int(length)), float(tokens))
+        _TOKENS.add((key, int(length)), float(tokens) / expected_tokens(acceptance, int(length)))
 
 
 def forget() -> None:
@@ -422,5 +480,6 @@ def forget() -> None:
     _PRICES.clear()
     _TOKENS.clear()
     _AR_CALLS.clear()
+    _WINNER_CALLS.clear()
     _COMPACT.clear()
     _LAYOUTS.clear()

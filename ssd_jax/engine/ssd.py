@@ -117,6 +117,7 @@ class _Decode:
         self.placement_s = t_place + t_loop + d_loop
         self.plan, self.sampling, self.estimator = plan, sampling, estimator
         self.stream, self.sync_timing = stream, sync_timing
+        self.sink_s = 0.0   # seconds spent in the stream's sink (not SSD's: left out of its step times)
         self.tally = SSDTally(length)
         verifier = steps.verifier_for(sampling)
         self.run = Programs((target.config, draft.config, sampling, plan, verifier, self.tgroup.ids(),
@@ -173,8 +174,7 @@ class _Decode:
         packed = np.asarray(packed)
         self.cur = packed[:, steps.OUT_NEXT].astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
-        if self.stream is not None:
-            self.stream(self.cur[:, None], packed[:, steps.OUT_APPENDED])
+        self.emit(self.cur[:, None], packed[:, steps.OUT_APPENDED])
         d_tokens, d_lengths, d_keys = self.d_inputs
         self.dstate = self.run("ssd_draft_prefill", self.prefill_d, self.dgroup, self.dparams, d_tokens, d_lengths,
                                self.cur, d_keys)
@@ -199,9 +199,20 @@ class _Decode:
         # the lookup and the fallback drafting of missed rows (`next_speculation`), which is on
         # SSD's critical path: timed from the verify's dispatch only, SSD at T=1 read 0.64-0.74 of
         # plain decoding's cost per token where whole calls ran at 0.9-1.0x AR.
-        self.step_mark = (time.perf_counter(), self.run.compile_s)
+        self.step_mark = (time.perf_counter(), self.run.compile_s, self.sink_s)
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)
+
+    def emit(self, tokens, counts) -> None:
+        """Hands new tokens to the stream's sink, if any: copies (the decode goes on reading its
+        own arrays, and a sink may keep or change what it gets), timed apart (`sink_s`: a slow
+        consumer's time is not SSD's, and priced in its steps it judged SSD slower than plain
+        decoding for later unstreamed calls too)."""
+        if self.stream is None:
+            return
+        start = time.perf_counter()
+        self.stream(np.array(tokens), np.array(counts))
+        self.sink_s += time.perf_counter() - start
 
     def run_plain(self, state, cur, step: int, rest: bool = False):
         """Plain decoding (`ssd_steps.target_plain`), one chunk or (rest) up to the end of the
@@ -222,8 +233,7 @@ class _Decode:
             appended = np.asarray(appended)
             if self.plain_key is not None and self.run.compile_s == compile_start:
                 ssd_auto.observe_plain_run(self.plain_key, time.perf_counter() - start, int(np.max(appended)))
-            if self.stream is not None:
-                self.stream(np.asarray(emitted), appended)
+            self.emit(emitted, appended)
             self.done = np.asarray(done).astype(bool)
             step += ssd_auto.PLAIN_CHUNK
 
@@ -281,8 +291,7 @@ class _Decode:
         padded = np.concatenate([self.drafted, np.zeros_like(self.drafted[:, :1])], axis=1)
         self.emitted = np.where(j < accepted[:, None], padded,
                                 np.where(j == accepted[:, None], next_token[:, None], 0)).astype(np.int32)
-        if self.stream is not None:
-            self.stream(self.emitted, packed[:, steps.OUT_APPENDED])
+        self.emit(self.emitted, packed[:, steps.OUT_APPENDED])
         self.n_adv = np.where(~self.done, accepted + 1, 0).astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
         return accepted, next_token
@@ -325,9 +334,10 @@ class _Decode:
             if self.done.all():
                 break
             if self.switch is not None:
-                (mark_s, mark_compile_s), now = self.step_mark, time.perf_counter()
-                self.step_mark = (now, self.run.compile_s)
-                self.switch.record(now - mark_s, accepted + 1, live, compiled=self.run.compile_s != mark_compile_s)
+                (mark_s, mark_compile_s, mark_sink_s), now = self.step_mark, time.perf_counter()
+                self.step_mark = (now, self.run.compile_s, self.sink_s)
+                self.switch.record(now - mark_s - (self.sink_s - mark_sink_s), accepted + 1, live,
+                                   compiled=self.run.compile_s != mark_compile_s)
                 if self.switch.slower_than_plain():
                     self.finish_plain(next_token)
                     break
