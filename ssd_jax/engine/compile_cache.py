@@ -16,9 +16,12 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-# Each distinct (method, configs, sampling, prompt and output buckets, batch) is one entry; 32
-# covers a benchmark sweep over every method at two temperatures without evictions.
-MAX_ENTRIES = 32
+# Each distinct (method, configs, sampling, prompt and output buckets, batch) is one entry. A GPU's
+# per-call "auto" runs up to 13 programs per prompt bucket (lengths 1, 2, 4, 8 at 1, 2 and 4 paths,
+# and AR's): at 32, three buckets used in turn would evict programs between their calls (a review's
+# reading, not seen), and a program compiled again sets no price (`per_call`). 64: two or three such
+# methods' buckets, or a benchmark sweep over every method at two temperatures.
+MAX_ENTRIES = 64
 
 
 def signature(args) -> tuple:
