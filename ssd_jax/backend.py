@@ -179,16 +179,21 @@ def per_platform(x: jax.Array, *, cpu: Callable, default: Callable):
     return jax.lax.platform_dependent(x, cpu=cpu, default=default)
 
 
-def cpu_model() -> str:
-    """The host CPU's model name (/proc/cpuinfo; platform.processor() where there is none)."""
+def _cpuinfo(*fields: str) -> str | None:
+    """The value of the first /proc/cpuinfo line starting with one of fields; None without one."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(fields):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    """The host CPU's model name (/proc/cpuinfo; platform.processor() where there is none)."""
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 @functools.lru_cache(maxsize=1)
@@ -196,14 +201,7 @@ def cpu_features() -> str:
     """The host CPU's instruction-set flags (/proc/cpuinfo's "flags", or "Features" on ARM; ""
     where there is none): XLA:CPU compiles for them, and virtual machines of one CPU model can
     hide some (an executable built where AVX-512 is on dies with SIGILL where it is off)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return " ".join(sorted(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return ""
+    return " ".join(sorted((_cpuinfo("flags", "Features") or "").split()))
 
 
 def describe() -> dict:

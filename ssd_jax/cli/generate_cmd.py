@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ssd_jax.errors import InputError
@@ -165,33 +166,30 @@ class TextStreamer:
             sys.stdout.write(self.prefix)
             self.prefix = ""
         self.tokens.extend(int(t) for t in new_tokens[0, : int(counts[0])])
-        text = self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
+        text = self._text()
         if text.startswith(self.printed) and not text.endswith("\ufffd"):
             self._write(text)
 
     def finish(self) -> None:
         """Prints what was held back when the decode ended: the text after the last piece that
         ended inside a character (the unstreamed output prints it, a replacement character
-        included), or the whole text where a merge rewrote what was printed."""
+        included), or where a merge rewrote what was printed, the text past what both share."""
         if self.prefix:
             sys.stdout.write(self.prefix)
             self.prefix = ""
-        text = self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
-        if text != self.printed:
-            self._write(text if text.startswith(self.printed) else self.printed + text[len(_common(text, self.printed)):])
+        text = self._text()
+        shared = len(os.path.commonprefix([text, self.printed]))
+        sys.stdout.write(text[shared:])
+        sys.stdout.flush()
+        self.printed = text
+
+    def _text(self) -> str:
+        return self.tokenizer.decode(self.tokens) if self.tokenizer else " ".join(map(str, self.tokens)) + " "
 
     def _write(self, text: str) -> None:
         sys.stdout.write(text[len(self.printed):])
         sys.stdout.flush()
         self.printed = text
-
-
-def _common(a: str, b: str) -> str:
-    """The longest common prefix of two texts."""
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return a[:n]
 
 
 # Method options settable from the command line (argparse dest -> method field: generate.OLD_OPTIONS).

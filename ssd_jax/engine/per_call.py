@@ -416,13 +416,14 @@ def _retimed_runner_up(group, table: Sequence[np.ndarray], flat: np.ndarray, pri
     calls of the winner ran since it won or since the runner-up was last re-timed (at the
     runner-up's predicted speed relative to the winner's, doubled each re-timing the winner kept
     winning through, at most RETIME_EVERY_MAX: a runner-up far behind costs a re-timing within
-    PROBE_OVERHEAD of the calls between, so it is re-timed seldom, but still is). A price is renewed only by running its program: without this one slow run of
-    AR's program, or of a longer length when the text turned easier, kept it priced out for good
-    (simulated: L=1 on 270 of 270 calls at 0.91x AR after one AR run 2x slow; L=4 at 2.2x where
-    L=8 paid 2.5x)."""
+    PROBE_OVERHEAD of the calls between, so it is re-timed seldom, but still is). A price is
+    renewed only by running its program: without this one slow run of AR's program, or of a
+    longer length when the text turned easier, kept it priced out for good (simulated: L=1 on 270
+    of 270 calls at 0.91x AR after one AR run 2x slow; L=4 at 2.2x where L=8 paid 2.5x)."""
     others = np.where(priced & (np.arange(flat.shape[0]) != best), np.round(flat, 6), -np.inf)
-    runner = int(np.argmax(others)) if np.isfinite(others).any() else None
-    runner_speedup = 1.0 if runner is None or flat[runner] < 1.0 else float(flat[runner])
+    runner = int(np.argmax(others))
+    ar_runs_up = not np.isfinite(others[runner]) or flat[runner] < 1.0
+    runner_speedup = 1.0 if ar_runs_up else float(flat[runner])
     with _LOCK:
         winner, since, kept = _WINNER_CALLS.lookup(group, (None, 0, 0))
         if winner != best:
@@ -433,9 +434,7 @@ def _retimed_runner_up(group, table: Sequence[np.ndarray], flat: np.ndarray, pri
         _WINNER_CALLS.store(group, (best, 0, kept + 1) if retime else (best, since, kept))
     if not retime:
         return _place(table, best)
-    if runner is None or flat[runner] < 1.0:   # AR's program is the runner-up
-        return _place(table, best)[0], 0
-    return _place(table, runner)
+    return (_place(table, best)[0], 0) if ar_runs_up else _place(table, runner)
 
 
 def _place(table: Sequence[np.ndarray], flat_index: int) -> tuple[int, int]:
