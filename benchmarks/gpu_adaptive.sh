@@ -12,6 +12,11 @@
 # The specs' order is their priority (each later one runs 5 nicer). Nothing they measure is kept; the timed runs measure everything again.
 # The script's output also goes to OUTDIR/gpu_adaptive.log. PACK_TO=DIR packs OUTDIR into
 # DIR/gpu_adaptive.tgz at the end (a device call returns at most 8 files: PACK_TO=$OUT).
+# CACHE_TO=DIR also hands JAX's compilation cache back, as DIR/jit_cache_N.tgz (at most CACHE_MB,
+# default 15, MiB); CACHE_FROM=DIR unpacks such parts, carried by a later call, before anything
+# runs, so that call loads the programs an earlier one compiled (`benchmarks/jit_cache_parts.py`).
+# Keep the parts a call returns in the repository's .gpu_cache/ (git ignores it); the next call
+# names it in its carry and runs with CACHE_FROM=.gpu_cache (the carried tree's limit is 64 MiB).
 set -u
 out=$1
 deadline=$(( $(date +%s) + $2 ))
@@ -23,6 +28,9 @@ export PYTHONUNBUFFERED=1
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-/tmp/ssd_jax_jit_cache}
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 flags=${BENCH_FLAGS:---repeats 3}
+if [ -n "${CACHE_FROM:-}" ]; then
+  python3 benchmarks/jit_cache_parts.py unpack "$CACHE_FROM" "$JAX_COMPILATION_CACHE_DIR"
+fi
 
 spec_fields() {   # spec -> "method batches lengths"
   local method=${1%%:*} rest batches=1,8 lengths=1,2,4,8
@@ -68,4 +76,7 @@ for spec in "$@"; do
 done
 if [ -n "${PACK_TO:-}" ]; then
   mkdir -p "$PACK_TO" && tar czf "$PACK_TO/gpu_adaptive.tgz" -C "$out" . && echo "gpu_adaptive: packed into $PACK_TO/gpu_adaptive.tgz"
+fi
+if [ -n "${CACHE_TO:-}" ]; then
+  python3 benchmarks/jit_cache_parts.py pack "$JAX_COMPILATION_CACHE_DIR" "$CACHE_TO" --mb "${CACHE_MB:-15}"
 fi
