@@ -666,6 +666,41 @@ def test_ar_step_ratio_is_the_per_step_difference_of_both_programs(models, monke
     assert len(programs_timed) == 4   # one measurement (short and long runs of both programs)
 
 
+def test_a_call_of_few_tokens_calibrates_with_the_program_s_output_width(models, monkeypatch):
+    """A calibration and AR's step ratio are kept for every call of the program, whose max_new may
+    be anything up to its output's width (a bucket of at least 16): a call of 2 tokens times runs
+    of 16 (the program's width, below _CALIBRATION_TOKENS), not of its own max_new (a call of one
+    token timed only noise: on the tiny pair it priced the speculative step at a quarter of its
+    cost, and the calls after it decided with that)."""
+    from ssd_jax.engine import against_ar, plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
+    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)     # every call checked
+    monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)   # measured, never a verdict
+    monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
+    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
+    timed = {"loop": set(), "ar": set()}
+
+    def recording(module, name):
+        real = module.timed_run
+
+        def timed_run(executable, args, max_new, forced=None):
+            timed[name].add(max_new)
+            return real(executable, args, max_new, forced)
+
+        monkeypatch.setattr(module, "timed_run", timed_run)
+
+    recording(adaptive, "loop")
+    recording(against_ar, "ar")
+    target, _ = models
+    out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=2, method=ssd_jax.PLD(draft_len="auto"))
+    assert out.stats["ar_step_over_loop_plain"] is not None
+    assert timed == {"loop": {1, 16}, "ar": {1, 16}}
+
+
 def test_pricing_a_call_at_the_loop_s_prices():
     """A step at a cap the calibration timed costs that time, other caps the fixed cost plus a draft
     forward per extra token; plain steps the plain price; a call is judged against AR only where

@@ -472,17 +472,18 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
     a speculative step by cap 1..L: measured for table_caps, 0 for the others) in seconds, from
     interleaved forced runs (see `calibrated_inputs`). A change to what this returns must bump
     `calibration_store.FORMAT`, or calibrations kept on disk would be read with the new meaning."""
-    tokens = min(int(np.asarray(args[-2])), _CALIBRATION_TOKENS)
     size = int(np.shape(args[-1])[0])
     draft_len = size - len(FORCE_SPECULATION)
 
     def runner(forced, max_new):
         return timed_run(executable, args, max_new, forced)
 
+    setup = runner(FORCE_SPECULATION, 1)
+    tokens = calibration_tokens(setup()[1])
     plain_run = runner(FORCE_PLAIN, tokens)
     # A plain run opens and closes each round: the AR step is every price's denominator, and its
     # noise moved all of a round's prices together (see `calibrated_inputs`).
-    runs = dict(plain=plain_run, setup=runner(FORCE_SPECULATION, 1), spec=runner(FORCE_SPECULATION, tokens))
+    runs = dict(plain=plain_run, setup=setup, spec=runner(FORCE_SPECULATION, tokens))
     if takes_cap:
         runs["one"] = runner(force_cap(1), tokens)
     middle = tuple(c for c in table_caps if 1 < c < draft_len)
@@ -524,6 +525,15 @@ def _calibrate(executable, args: tuple, costs: StepCosts, takes_cap: bool,
     t_ar, spec_ratio, draft_ratio, *table = (trimmed_mean(column) for column in zip(*rounds))
     return (t_ar, max((spec_ratio - forwards * draft_ratio) * t_ar, 1e-9), draft_ratio * t_ar,
             *(ratio * t_ar for ratio in table))
+
+
+def calibration_tokens(output) -> int:
+    """The tokens a calibration's runs of a decode program decode (output: one run's
+    `DecodeOutput`, tokens int32 [B, out_size]): as many as its output holds, up to
+    _CALIBRATION_TOKENS. Not the call's max_new: what is measured is kept for every call of the
+    program, whose max_new may be anything up to out_size (a call of one token timed only noise,
+    and its calibration priced the next calls' steps)."""
+    return min(int(np.shape(output.tokens)[1]), _CALIBRATION_TOKENS)
 
 
 def timed_run(executable, args: tuple, max_new: int, forced: np.ndarray | None = None):
@@ -588,7 +598,7 @@ def calibration_length(num_inputs: int) -> int:
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
                       takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself (args:
-    its arguments, the last one the cost inputs; max_new, the one before, is cut to a few tokens): a
+    its arguments, the last one the cost inputs; max_new, the one before, set to `calibration_tokens`): a
     run of one token (prefill and setup, subtracted from the others), a short run with
     FORCE_SPECULATION and one with FORCE_PLAIN (which still probes, but for retrieval, which
     measures during plain steps). takes_cap (a loop that caps each step's draft): one more run

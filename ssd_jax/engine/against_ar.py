@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from ssd_jax.engine import calibration_store
-from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, _CALIBRATION_TOKENS, agreed, timed_run,
+from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens, timed_run,
                                      trimmed_mean)
 from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
 from ssd_jax.progress import notice
@@ -107,8 +107,9 @@ def stored_ratio(loop_executable, key) -> tuple[bool, float | None]:
 def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
     """AR's program's step over the adaptive loop's plain step, measured once per key: both
     programs (AR's with its args, the last one max_new; the loop's with its args, the last two
-    max_new and its cost inputs, run forced plain) timed alike, runs of 1 and of up to
-    _CALIBRATION_TOKENS tokens interleaved over _CALIBRATION_ROUNDS rounds, each program's per
+    max_new and its cost inputs, run forced plain) timed alike, runs of 1 and of
+    `adaptive.calibration_tokens` tokens (whatever the call's max_new: the ratio is kept for every
+    call of the program) interleaved over _CALIBRATION_ROUNDS rounds, each program's per
     step the round's difference over the steps between them; the trimmed mean of the rounds'
     ratios, the same on every process (`agreed`). Timed alike because two methods of timing
     differ by more than the difference sought (on CPU the loop's calibrated plain step came out
@@ -118,11 +119,10 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     known, ratio = known_ratio(key)
     if known:
         return ratio
-    tokens = min(int(np.asarray(ar_args[-1])), _CALIBRATION_TOKENS)
-    if tokens < 2:
-        return None
     with notice("timing AR's step against the adaptive loop's plain step (once per program and machine)"):
-        runs = dict(ar_short=timed_run(ar_executable, ar_args, 1), ar_long=timed_run(ar_executable, ar_args, tokens),
+        ar_short = timed_run(ar_executable, ar_args, 1)
+        tokens = calibration_tokens(ar_short()[1])
+        runs = dict(ar_short=ar_short, ar_long=timed_run(ar_executable, ar_args, tokens),
                     loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
                     loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
         steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
