@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import ssd_jax
@@ -180,3 +181,63 @@ def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):
     kept = [path for path in tmp_path.iterdir() if path.name.startswith(against_ar.STORE_KIND + "-")]
     assert len(measured) == 1 and ratios[0] == ratios[1] and ratios[0] > 0
     assert len(kept) == 1 and json.loads(kept[0].read_text())["costs"] == [ratios[0]]
+
+
+# A key `calibration_store.path_for` names by its text (no program needed): (static key, signature).
+def _key(name: str) -> tuple:
+    from ssd_jax.engine.compile_cache import signature
+
+    return (name, signature((np.zeros(2, np.float32),)))
+
+
+@pytest.mark.parametrize("text", [
+    "", "[1.0, 2.0]", '"costs"', '{"costs": []}', '{"costs": "25"}', '{"costs": {"1": 2}}', '{"costs": [true]}',
+    '{"costs": [[1.0]]}', '{"costs": [null]}', '{"costs": [-1.0]}', '{"costs": [NaN]}', '{"costs": [Infinity]}',
+    '{"costs": [1e39]}', pytest.param('{"costs": [1' + "0" * 400 + "]}", id="an-integer-of-401-digits"),
+    pytest.param('{"costs": ' + "[" * 100_000 + "]" * 100_000 + "}", id="nested-100000-deep"),
+])
+def test_a_file_that_holds_no_measurements_reads_as_absent(tmp_path, text):
+    """Never a crash (an integer too large for a float, JSON nested past the recursion limit), nor
+    a string's digits or a dict's keys read as numbers, nor a value that is inf as the loop's
+    float32 (inf / inf: a NaN in the cost model)."""
+    path = tmp_path / "entry.json"
+    path.write_text(text)
+    assert calibration_store.load(str(path)) is None
+    path.write_text('{"costs": [0.0, 2, 1.5e-05]}')
+    assert calibration_store.load(str(path)) == (0.0, 2.0, 1.5e-05)
+    path.unlink()
+    path.mkdir()
+    assert calibration_store.load(str(path)) is None
+
+
+def test_a_kept_calibration_without_a_plain_or_speculative_step_is_measured_again(monkeypatch, tmp_path):
+    """A loop's calibration on disk whose AR or speculative step is 0 (measured ones are at least
+    1e-9 s; at 0 the loop never finds speculation paying) counts as absent: measured again and
+    replaced."""
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
+    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
+    measured = (2e-3, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0)
+    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: measured)
+    planned = adaptive.loop_inputs(adaptive.UNMEASURED, 0.7, verify_width=5, draft_len=4)
+    key = _key("a loop")
+    path = calibration_store.path_for(None, key=key)
+    for damaged in ((0.0, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0), (2e-3, 0.0, 5e-4, 0.0, 0.0, 0.0, 0.0)):
+        calibration_store.save(path, damaged)
+        adaptive._CALIBRATION.clear()   # as in a new process
+        inputs = adaptive.calibrated_inputs(None, (), key, adaptive.UNMEASURED, planned)
+        assert inputs[:3].tolist() == pytest.approx(measured[:3])
+        assert calibration_store.load(path) == measured
+
+
+def test_an_implausible_kept_ar_step_ratio_is_measured_again(monkeypatch, tmp_path):
+    """`ar_step_ratio` keeps only plausible ratios, so an implausible one on disk is damage: it
+    counts as absent (measured again, and replaced by a plausible measurement), instead of
+    leaving the program without a verdict against AR's program on this machine for good."""
+    monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
+    key = _key("a loop")
+    path = calibration_store.path_for(None, against_ar.STORE_KIND, key)
+    for ratio, found in ((100.0, (False, None)), (0.0, (False, None)), (1.1, (True, 1.1))):
+        monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())   # as in a new process
+        calibration_store.save(path, (ratio,))
+        assert against_ar.stored_ratio(None, key) == found

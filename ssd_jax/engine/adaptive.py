@@ -595,6 +595,13 @@ def calibration_length(num_inputs: int) -> int:
     return num_inputs - len(FORCE_SPECULATION) + 3
 
 
+def usable_calibration(calibration: tuple[float, ...] | None, size: int) -> bool:
+    """Whether a calibration read from disk can be one `_calibrate` made for a loop of
+    `calibration_length` size: as many entries, and an AR step and a speculative step above 0
+    (measured ones are at least 1e-9 s; a plain step priced 0 would never let speculation pay)."""
+    return calibration is not None and len(calibration) == size and min(calibration[:2]) > 0
+
+
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
                       takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself (args:
@@ -628,7 +635,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     if calibration is None:
         stored = calibration_store.path_for(executable, key=program_key)
         calibration = calibration_store.load(stored)
-        if calibration is None or len(calibration) != size:
+        if not usable_calibration(calibration, size):
             with notice('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
                 calibration = tuple(float(x) for x in agreed(np.asarray(
                     _calibrate(executable, args, costs, takes_cap, table_caps))))

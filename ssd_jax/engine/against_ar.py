@@ -92,16 +92,16 @@ def _plausible(ratio: float) -> bool:
 
 def stored_ratio(loop_executable, key) -> tuple[bool, float | None]:
     """`known_ratio`, else the ratio a process before kept on disk for the loop's program (then
-    remembered under key): (whether found, the ratio: None where implausible)."""
+    remembered under key): (whether found, the ratio: None where unmeasurable). An implausible
+    ratio on disk counts as absent, measured again and replaced: `ar_step_ratio` keeps none."""
     known, ratio = known_ratio(key)
     if known:
         return known, ratio
     kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND, key))
-    if kept is None or len(kept) != 1:
+    if kept is None or len(kept) != 1 or not _plausible(kept[0]):
         return False, None
-    ratio = kept[0]
-    _AR_RATIO.store(key, ratio if _plausible(ratio) else float("nan"))
-    return True, ratio if _plausible(ratio) else None
+    _AR_RATIO.store(key, kept[0])
+    return True, kept[0]
 
 
 def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import re
 import tempfile
@@ -136,17 +135,31 @@ def path_for_text(kind: str, text: str) -> str | None:
     return None if directory is None else os.path.join(directory, _digest(kind, text))
 
 
+# Above any step's seconds or any ratio of two: a larger value kept is damage, not a measurement
+# (as float32, the loop's cost inputs, 1e39 is inf, and inf / inf a NaN in the cost model).
+MAX_VALUE = 1e6
+
+
+def _measured(value) -> bool:
+    """Whether a value read from a file can be a measurement: a JSON number (not a bool), finite,
+    in [0, MAX_VALUE]."""
+    return type(value) in (int, float) and 0 <= value <= MAX_VALUE
+
+
 def load(path: str | None) -> tuple[float, ...] | None:
-    """The calibration kept at path (`path_for`), None if there is none (or it is unreadable)."""
+    """The calibration kept at path (`path_for`), None if there is none (or it is unreadable, or
+    not a non-empty list of measurements, `_measured`)."""
     if path is None or not os.path.exists(path):
         return None
     try:
         with open(path) as f:
             values = json.load(f)["costs"]
-        values = tuple(float(v) for v in values)
-    except (OSError, ValueError, KeyError, TypeError):
+    # RecursionError: JSON nested too deep to parse.
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    return values if values and all(math.isfinite(v) and v >= 0 for v in values) else None
+    if not isinstance(values, list) or not values or not all(_measured(v) for v in values):
+        return None
+    return tuple(float(v) for v in values)
 
 
 def write_atomically(path: str, data: bytes) -> None:
