@@ -7,6 +7,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -241,3 +244,66 @@ def test_an_implausible_kept_ar_step_ratio_is_measured_again(monkeypatch, tmp_pa
         monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())   # as in a new process
         calibration_store.save(path, (ratio,))
         assert against_ar.stored_ratio(None, key) == found
+
+
+def _at_once(measure) -> list:
+    """measure() in two threads started together: their results."""
+    barrier, results = threading.Barrier(2), []
+
+    def run():
+        barrier.wait()
+        results.append(measure())
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+@pytest.mark.parametrize("what", ["calibration", "forward", "ar-ratio"])
+def test_threads_measure_a_program_once_and_one_at_a_time(monkeypatch, what):
+    """Two threads' first calls of a program (a server warming up): the loop's calibration, a
+    per-forward timing and AR's step ratio are each measured once, and never two at once (each
+    would time the other's runs too), the waiting thread taking the other's measurement."""
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setenv(calibration_store.DIR_ENV, "")
+    for memory in ("_CALIBRATION", "_SECONDS"):
+        monkeypatch.setattr(adaptive, memory, adaptive.Recent())
+    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
+    spans = []
+
+    def slowly(value):
+        start = time.perf_counter()
+        time.sleep(0.3)
+        spans.append((start, time.perf_counter()))
+        return value
+
+    measured = (2e-3, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0)
+    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: slowly(measured))
+    monkeypatch.setattr(adaptive, "_loop_seconds", lambda *args: slowly(1e-3))
+
+    def timed_run(executable, args, max_new, forced=None):   # AR's program's step 1.25x the loop's
+        if forced is None and max_new == 1:   # AR's short run: one per measurement
+            spans.append(None)
+
+        def run():
+            time.sleep(0.01)
+            steps = np.asarray(max_new)
+            output = SimpleNamespace(tokens=np.zeros((1, 16)), counters=dict(spec=SimpleNamespace(target_calls=steps)))
+            return (1e-3 if forced is not None else 1.25e-3) * int(steps), output
+
+        return run
+
+    monkeypatch.setattr(against_ar, "timed_run", timed_run)
+    planned = adaptive.loop_inputs(adaptive.UNMEASURED, 0.7, verify_width=5, draft_len=4)
+    key = _key("a loop")
+    target, _ = pair(vocab=64, seed=0, noise=0.3, layers=1)
+    measure = dict(calibration=lambda: tuple(adaptive.calibrated_inputs(None, (), key, adaptive.UNMEASURED, planned)),
+                   forward=lambda: adaptive.forward_seconds(target, 1, 1, 5),
+                   **{"ar-ratio": lambda: against_ar.ar_step_ratio(None, (), None, (), key)})[what]
+    first, second = _at_once(measure)
+    assert first == second and len(spans) == 1
+    if what == "ar-ratio":
+        assert first == pytest.approx(1.25)

@@ -209,6 +209,16 @@ class AcceptanceMemory:
 ACCEPTANCE = AcceptanceMemory()
 _COSTS = Recent()
 _COSTS_LOCK = threading.Lock()
+# Held while measuring (`forward_seconds`, `calibrated_inputs`, `against_ar.ar_step_ratio`): two
+# threads' first calls of one program measured it twice at once, each timing the other's runs
+# too (the two calibrations' draft forwards 2x apart), and the last one was kept on disk.
+MEASURING = threading.RLock()
+
+
+def remembered(memory: Recent, key):
+    """memory's value for key (None: none), under the lock of the in-process memories."""
+    with _COSTS_LOCK:
+        return memory.lookup(key)
 
 
 def _model_key(model) -> tuple:
@@ -312,14 +322,17 @@ def forward_seconds(model, batch: int, width: int, context: int, measure: bool =
     if not timings_allowed():
         return None
     key = (_model_key(model), batch, context_bucket(context), width)
-    with _COSTS_LOCK:
-        known = _SECONDS.lookup(key)
+    known = remembered(_SECONDS, key)
     if known is not None or not measure:
         return known
-    seconds = _loop_seconds(loop_params(model), model.config, batch, width, context_bucket(context))
-    seconds = float(agreed(np.asarray([seconds]))[0])
-    with _COSTS_LOCK:
-        _SECONDS.store(key, seconds)
+    with MEASURING:
+        known = remembered(_SECONDS, key)   # measured by another thread while this one waited
+        if known is not None:
+            return known
+        seconds = _loop_seconds(loop_params(model), model.config, batch, width, context_bucket(context))
+        seconds = float(agreed(np.asarray([seconds]))[0])
+        with _COSTS_LOCK:
+            _SECONDS.store(key, seconds)
     return seconds
 
 
@@ -602,6 +615,27 @@ def usable_calibration(calibration: tuple[float, ...] | None, size: int) -> bool
     return calibration is not None and len(calibration) == size and min(calibration[:2]) > 0
 
 
+def _kept_or_measured(executable, args: tuple, program_key, costs: StepCosts, size: int, takes_cap: bool,
+                      table_caps: tuple[int, ...]) -> tuple[float, ...]:
+    """The program's calibration (`calibrated_inputs`' arguments; size: its `calibration_length`):
+    another thread's, else the one kept on disk, else measured (and kept); remembered for the
+    process."""
+    with MEASURING:
+        calibration = remembered(_CALIBRATION, program_key)   # another thread's, made while this one waited
+        if calibration is not None:
+            return calibration
+        stored = calibration_store.path_for(executable, key=program_key)
+        calibration = calibration_store.load(stored)
+        if not usable_calibration(calibration, size):
+            with notice('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
+                calibration = tuple(float(x) for x in agreed(np.asarray(
+                    _calibrate(executable, args, costs, takes_cap, table_caps))))
+            calibration_store.save(stored, calibration)
+        with _COSTS_LOCK:
+            _CALIBRATION.store(program_key, calibration)
+    return calibration
+
+
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
                       takes_cap: bool = False, table_caps: tuple[int, ...] = ()) -> np.ndarray:
     """loop_inputs with the AR and speculative step times measured on the compiled program itself (args:
@@ -629,18 +663,9 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     unmeasured."""
     if not timings_allowed():
         return np.asarray(planned, np.float32)
-    with _COSTS_LOCK:
-        calibration = _CALIBRATION.lookup(program_key)
-    size = calibration_length(len(planned))
+    calibration = remembered(_CALIBRATION, program_key)
     if calibration is None:
-        stored = calibration_store.path_for(executable, key=program_key)
-        calibration = calibration_store.load(stored)
-        if not usable_calibration(calibration, size):
-            with notice('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
-                calibration = tuple(float(x) for x in agreed(np.asarray(
-                    _calibrate(executable, args, costs, takes_cap, table_caps))))
-            calibration_store.save(stored, calibration)
-        with _COSTS_LOCK:
-            _CALIBRATION.store(program_key, calibration)
+        calibration = _kept_or_measured(executable, args, program_key, costs, calibration_length(len(planned)),
+                                        takes_cap, table_caps)
     t_ar, t_spec_fixed, c_draft, *table = calibration
     return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3], 0.0, *nondecreasing(table)], np.float32)

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from ssd_jax.engine import calibration_store
-from ssd_jax.engine.adaptive import (FORCE_PLAIN, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens, timed_run,
-                                     trimmed_mean)
+from ssd_jax.engine.adaptive import (FORCE_PLAIN, MEASURING, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens,
+                                     timed_run, trimmed_mean)
 from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
 from ssd_jax.progress import notice
 
@@ -119,6 +119,23 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     known, ratio = known_ratio(key)
     if known:
         return ratio
+    with MEASURING:
+        known, ratio = known_ratio(key)   # measured by another thread while this one waited
+        if known:
+            return ratio
+        ratio = _measured_ratio(ar_executable, ar_args, loop_executable, loop_args)
+        if ratio is None:
+            return None
+        plausible = _plausible(ratio)
+        _AR_RATIO.store(key, ratio if plausible else float("nan"))
+        if plausible:   # an implausible one is measured again by the next process
+            calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND, key), (ratio,))
+    return ratio if plausible else None
+
+
+def _measured_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple) -> float | None:
+    """`ar_step_ratio`'s measurement, not remembered: None where a program's longer run takes no
+    extra step."""
     with notice("timing AR's step against the adaptive loop's plain step (once per program and machine)"):
         ar_short = timed_run(ar_executable, ar_args, 1)
         tokens = calibration_tokens(ar_short()[1])
@@ -135,12 +152,7 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
             per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
                         for name in ("ar", "loop")}
             ratios.append(per_step["ar"] / per_step["loop"])
-        ratio = float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
-    plausible = _plausible(ratio)
-    _AR_RATIO.store(key, ratio if plausible else float("nan"))
-    if plausible:   # an implausible one is measured again by the next process
-        calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND, key), (ratio,))
-    return ratio if plausible else None
+        return float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
 
 
 def loses_to_ar(loop_costs, steps_by_cap, plain_steps: int, ar_steps: int, ar_ratio) -> tuple[bool, float | None]:
