@@ -226,13 +226,14 @@ def _model_key(model) -> tuple:
 
     leaf = jax.tree.leaves(model.params)[0]
     platform = platform_of(model)   # traced params (a user's jit): the default platform
-    placement = None if model.placement is None else repr(model.placement.mesh.shape)
+    # The rules too: on one mesh, a model split over "model" and one replicated run other programs.
+    placement = None if model.placement is None else (repr(model.placement.mesh.shape), model.placement.rules)
     return (model.config, str(leaf.dtype), platform, placement)
 
 
 def pair_key(target, draft) -> tuple:
-    """What a pair's costs and acceptance are remembered under (configs, dtypes, backend, mesh;
-    params by identity for acceptance, since other weights accept differently)."""
+    """What a pair's costs and acceptance are remembered under (configs, dtypes, backend, mesh and
+    sharding rules; params by identity for acceptance, since other weights accept differently)."""
     return _model_key(target) + (_model_key(draft) if draft is not None else ("retrieval",))
 
 
