@@ -325,3 +325,18 @@ def test_models_sharded_by_other_rules_are_timed_apart(monkeypatch):
     split = ssd_jax.shard(target, mesh)
     replicated = ssd_jax.shard(target, mesh, rules={"heads": None, "kv_heads": None, "mlp": None, "vocab": None})
     assert [adaptive.forward_seconds(model, 8, 9, 64) for model in (split, replicated, split)] == [1.0, 2.0, 1.0]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")
+def test_a_process_pinned_to_fewer_cores_measures_for_itself(monkeypatch):
+    """XLA:CPU sizes its thread pool by the cores the process may run on (taskset, a container's
+    cpuset, a batch job's allocation), so the measurements are named by them, not by the
+    machine's core count: a process pinned to one core of two read the calibrations of one that
+    ran on both."""
+    text = "HloModule m"
+    names = {}
+    for cores in ({0}, {0, 1}):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        names[len(cores)] = calibration_store._digest("forward", text)
+        assert calibration_store.machine()["cores"] == len(cores)
+    assert names[1] != names[2]

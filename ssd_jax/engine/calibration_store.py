@@ -8,7 +8,7 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
     what decides the program (`program_store.describe`: its static key and argument signature,
         the library's source, versions and settings), or where that cannot say everything, the
         program's optimized HLO text without its debug information (`program_text`)
-    the machine (backend, device kind, CPU model, core count, jax and jaxlib versions, XLA_FLAGS)
+    the machine (backend, device kind, CPU model, cores usable, jax and jaxlib versions, XLA_FLAGS)
     FORMAT (bumped whenever what a calibration measures changes)
 
 so another program, machine or library version never reads it. The per-forward timings the cost
@@ -58,8 +58,18 @@ def machine() -> dict:
 
     return dict(backend=default_platform(), device_kinds=sorted({d.device_kind for d in jax.devices()}),
                 devices=jax.device_count(),
-                cpu=cpu_model(), cores=os.cpu_count(), jax=jax.__version__, jaxlib=jaxlib.__version__,
+                cpu=cpu_model(), cores=usable_cores(), jax=jax.__version__, jaxlib=jaxlib.__version__,
                 xla_flags=os.environ.get("XLA_FLAGS", ""))
+
+
+def usable_cores() -> int | None:
+    """The cores this process may run on (its CPU affinity: taskset, a container's cpuset, a batch
+    job's allocation), not the machine's: XLA:CPU sizes its thread pool by them (a process pinned
+    to 1 of 2 cores starts 4 fewer threads), so a calibration's timings depend on them, and hosts
+    of one CPU model sharing a home directory may allot different numbers."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
 
 
 # Debug information in an HLO module's text: the tables of source files, functions, locations and

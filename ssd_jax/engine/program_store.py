@@ -12,7 +12,7 @@ digest of everything that decides the program without tracing it:
     the library's own source (every module of the ssd_jax package, `source_digest`)
     jax, jaxlib, Python, numpy and flax versions, JAX's configuration, and the environment's XLA_*,
         JAX_*, SSD_JAX_*, TPU_* and LIBTPU_* variables (but those naming where caches are kept)
-    the machine (`calibration_store.machine`: backend, device kinds, CPU model, core count; the
+    the machine (`calibration_store.machine`: backend, device kinds, CPU model, cores usable; the
         CPU's instruction-set flags, `backend.cpu_features`) and the program's device (id, kind)
     FORMAT (bumped whenever what an entry holds changes)
 
