@@ -158,6 +158,9 @@ def test_an_empty_directory_setting_keeps_nothing_on_disk(monkeypatch):
     monkeypatch.delenv(calibration_store.DIR_ENV)
     monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
     assert calibration_store.store_dir() == os.path.join("/somewhere", "ssd_jax", "calibration")
+    monkeypatch.setenv("HOME", "/home/someone")
+    monkeypatch.setenv(calibration_store.DIR_ENV, "~/calibrations")
+    assert calibration_store.store_dir() == "/home/someone/calibrations"
 
 
 def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):

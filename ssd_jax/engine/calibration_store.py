@@ -43,9 +43,10 @@ DIR_ENV = "SSD_JAX_CALIBRATION_DIR"
 
 
 def store_dir() -> str | None:
-    """The directory calibrations are kept in, None when they are kept in memory only."""
+    """The directory calibrations are kept in, None when they are kept in memory only ("~" is
+    expanded, as the compile cache's directory is)."""
     if DIR_ENV in os.environ:
-        return os.environ[DIR_ENV] or None
+        return os.path.expanduser(os.environ[DIR_ENV]) or None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "ssd_jax", "calibration")
 
