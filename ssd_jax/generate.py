@@ -188,7 +188,8 @@ def generate(
     if plain_verdicts.starts_plain(verdict):
         return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream)
     out = _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
-    plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"], lost=out.stats.get("loses_to_ar", False))
+    if out.stats["target_calls"] > 1:   # a call of the prefill alone (one token) judged nothing
+        plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"], lost=out.stats.get("loses_to_ar", False))
     return out
 
 

@@ -561,6 +561,21 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     assert [starts_plain() for _ in range(3)] == [False] * 3
 
 
+def test_a_call_of_the_prefill_alone_leaves_the_verdict_alone(models, monkeypatch):
+    """A 1-token call runs no loop step (its token is the prefill's), so its plain share (0.0)
+    says nothing: recorded, it ended a plain verdict of the calls of its output bucket."""
+    from ssd_jax.engine import plain_verdicts
+
+    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    recorded = []
+    monkeypatch.setattr(plain_verdicts, "remember_share", lambda key, share, lost=False: recorded.append(share))
+    target, draft = models
+    for max_new in (1, 6):
+        ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=max_new,
+                         method=ssd_jax.SD(draft_len="auto", max_draft_len=3), draft=draft)
+    assert len(recorded) == 1
+
 
 def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
     """A call whose steps, at the loop's prices, come to more than AR's program would take (AR's
