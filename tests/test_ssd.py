@@ -335,6 +335,21 @@ def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
     assert calls_until_probe() == 2
 
 
+def test_a_deterministic_call_ignores_verdicts_remembered_with_timings(monkeypatch):
+    """Under SSD_JAX_DETERMINISTIC_AUTO=1 a call must not depend on the calls before it: a plain
+    verdict (and the lengths its probes keep to) remembered while timings were allowed neither
+    starts the call plain nor picks its length (it did: at T=1 the call ran AR's program, other
+    tokens than the same call in a fresh process)."""
+    monkeypatch.setattr(ssd_auto, "PROBE_LENGTHS", 1)
+    key = ("program", "remembered with timings")
+    ssd_auto.ran_length(key, 2)
+    ssd_auto.remember(key, 2.0, 2.0)
+    assert ssd_auto.starts_plain(key)
+    monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")
+    assert not any(ssd_auto.starts_plain(key) for _ in range(ssd_auto.PROBE_EVERY_MAX))
+    assert ssd_auto.probe_length(key, 4, lambda n: 1.0) == 4
+
+
 def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     """A plain verdict's calls between probes are at least the probe's cost over PROBE_OVERHEAD
     (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces

@@ -326,8 +326,9 @@ def observe_plain_run(key, seconds: float, steps: int) -> None:
 def starts_plain(key) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the recent calls that
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
-    module's docstring)."""
-    return _VERDICTS.starts_plain(key)
+    module's docstring); always False under SSD_JAX_DETERMINISTIC_AUTO=1, where a call must not
+    depend on the calls before it (verdicts remembered while timings were allowed included)."""
+    return timings_allowed() and _VERDICTS.starts_plain(key)
 
 
 def probe_length(key, best: int, speedup) -> int:
@@ -343,8 +344,9 @@ def probe_length(key, best: int, speedup) -> int:
     (2.3-2.7x a plain call's time besides the compile). Not fewer lengths: the model prices other
     lengths from the overhead measured at the ones run, which is not the same at every length
     (held-out code, T=0: the first call ran L=2 at 0.83x AR and the model priced L=4 at 0.57x,
-    where L=4 and 6 ran 1.14x and 1.23x). A call that is no probe takes `best`."""
-    if not _VERDICTS.is_plain(key):
+    where L=4 and 6 ran 1.14x and 1.23x). A call that is no probe takes `best` (so does every
+    call under SSD_JAX_DETERMINISTIC_AUTO=1)."""
+    if not timings_allowed() or not _VERDICTS.is_plain(key):
         return best
     with _LOCK:
         ran = _LENGTHS_RUN.lookup(key) or ()
