@@ -286,6 +286,22 @@ def test_switch_leaves_the_sinks_time_out_of_ssds_steps(models, prompts, referen
     assert len(recorded) >= 3 and max(recorded) < 0.1
 
 
+def test_plain_step_is_timed_per_target_dtype(models, prompts, monkeypatch):
+    """Plain decoding's step is remembered per target kind, its weights' dtype included: a
+    bfloat16 copy of the float32 target (the same config) has a step of its own (it took the
+    float32 target's, never timed on its own program)."""
+    target, draft = models
+    keys = []
+    original = ssd_auto.plain_step_seconds
+    monkeypatch.setattr(ssd_auto, "plain_step_seconds", lambda key, *args: keys.append(key) or original(key, *args))
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    half = dataclasses.replace(target, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), target.params))
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=2)
+    for model in (target, half):
+        ssd_jax.generate(model, prompts[:1], max_new_tokens=16, method=method, draft=draft)
+    assert len(keys) == 2 and keys[0] != keys[1]
+
+
 def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
     """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
     its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start

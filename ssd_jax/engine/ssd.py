@@ -136,6 +136,9 @@ class _Decode:
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
+        # The config does not say the weights' dtype, nor a sharded target's mesh over its devices:
+        # a bfloat16 copy of a float32 target took the float32 one's plain step as its own.
+        self.target_kind = (target.config, str(target.dtype), repr(target.placement.mesh.shape))
         self.verdict_key = verdict_key
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
@@ -186,7 +189,7 @@ class _Decode:
             # the cache's 2L spare slots: one measurement serves every length of these shapes
             # (measured per length, a probe that ran a new one spent ~110 plain steps on it, ~0.45 s
             # on CPU at batch 1).
-            key = ("ssd_plain", self.tgroup.ids(), self.run.static[0], self.sampling, self.plan.prompt_size,
+            key = ("ssd_plain", self.tgroup.ids(), self.target_kind, self.sampling, self.plan.prompt_size,
                    self.plan.out_size, self.rows.size)
             self.plain_key = key
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
