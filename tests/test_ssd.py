@@ -302,6 +302,30 @@ def test_plain_step_is_timed_per_target_dtype(models, prompts, monkeypatch):
     assert len(keys) == 2 and keys[0] != keys[1]
 
 
+def test_plain_step_is_timed_over_whole_chunks_whatever_the_call_s_length(models, prompts, reference, monkeypatch):
+    """Plain decoding's step is timed on runs of a whole chunk, however few tokens the call
+    decodes: a 2-token call timed runs of 1 step, whose fixed cost made the step 10x dearer than
+    16-step runs measured (one CPU device), and the key's later, longer calls judged SSD against
+    that. The call's own tokens are AR's."""
+    target, draft = models
+    run_steps = []
+    original = ssd_auto._timed_plain_step
+
+    def timed(run_chunk, state, untimed, timed_runs):
+        def counted(copy):
+            out = run_chunk(copy)
+            run_steps.append(int(np.max(np.asarray(out[1]))))
+            return out
+        return original(counted, state, untimed, timed_runs)
+
+    monkeypatch.setattr(ssd_auto, "_timed_plain_step", timed)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    out = ssd_jax.generate(target, prompts, max_new_tokens=2, method=ssd_jax.SSD(draft_len="auto", max_draft_len=2),
+                           draft=draft)
+    assert out.tokens == [row[:2] for row in reference.tokens]
+    assert run_steps and min(run_steps) >= ssd_auto.PLAIN_CHUNK - 1
+
+
 def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
     """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
     its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start

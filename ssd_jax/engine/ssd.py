@@ -193,7 +193,7 @@ class _Decode:
                    self.plan.out_size, self.rows.size)
             self.plain_key = key
             plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
-                                                  self.tstate)
+                                                  self.timing_state())
             prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
             self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
                                                prior_steps=prior_steps)
@@ -205,6 +205,18 @@ class _Decode:
         self.step_mark = (time.perf_counter(), self.run.compile_s, self.sink_s)
         if not self.done.all():
             self.drafted, self.q = self.draft_fallback(self.cur)
+
+    def timing_state(self) -> dict:
+        """The target state after prefill with no row's end in sight (max_new at the output
+        buffer's size, no EOS id): what plain decoding's step is timed on, so that every timing
+        run takes a whole chunk whatever this call's length and text. On the call's own max_new
+        a call of 2 tokens timed runs of 1 step, each carrying the run's fixed cost (2.5-3.3 ms
+        a step where 16-step runs read 0.2-0.3 ms, one CPU device), and its key's later calls
+        judged SSD against that."""
+        eos = self.tstate["eos"]
+        unbounded = self.tgroup.put(dict(max_new=np.int32(self.plan.out_size),
+                                         eos=np.full(eos.shape, -1, np.dtype(eos.dtype))))
+        return dict(self.tstate, **unbounded)
 
     def emit(self, tokens, counts) -> None:
         """Hands new tokens to the stream's sink, if any: copies (the decode goes on reading its

@@ -273,7 +273,8 @@ class PlainSwitch:
 
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
-    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies: at the key's first
+    timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
+    do not end within a chunk, `ssd_jax.engine.ssd._Decode.timing_state`): at the key's first
     call PLAIN_UNTIMED_RUNS runs (the first compiles; on one CPU device the runs right after it
     read 4.3 and 4.1 ms a step where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their
     trimmed mean. Not their best: SSD's side of the comparison is a running mean of its steps, and
