@@ -176,8 +176,8 @@ def generate(
         if not (method.adaptive and ssd_auto.starts_plain(verdict)):
             return _generate_ssd(method, target, draft, batch, int(max_new_tokens), sampling, key, stream, verdict)
         # "auto" remembers that SSD was slower than plain decoding for this program: AR's loop.
-        return _plain_from_start(method, target, batch, int(max_new_tokens), sampling, key, stream,
-                                 switched_to_plain_at_step=0, ssd_steps=0)
+        return _plain_from_start(method, _ssd_target(method, target, draft), batch, int(max_new_tokens), sampling,
+                                 key, stream, switched_to_plain_at_step=0, ssd_steps=0)
     if not getattr(method, "adaptive", False):
         return _generate_sync(method, target, draft, batch, int(max_new_tokens), sampling, key, stream)
     verdict = _verdict_key(method, target, draft, sampling, batch, int(max_new_tokens))
@@ -191,6 +191,17 @@ def generate(
     if out.stats["target_calls"] > 1:   # a call of the prefill alone (one token) judged nothing
         plain_verdicts.remember_share(verdict, out.stats["ar_fallback_share"], lost=out.stats.get("loses_to_ar", False))
     return out
+
+
+def _ssd_target(method: SSD, target: Model, draft: Model) -> Model:
+    """The target placed on SSD's target group (`ssd_jax.engine.ssd_placement`), where a call that
+    a remembered verdict decodes plainly runs AR's loop: where SSD measured plain decoding's step
+    that the verdict weighed, and where the SSD options put the target (unplaced, AR ran on the
+    default device: with target_devices=[1], draft_devices=[0], on the draft's device 0)."""
+    from ssd_jax.engine.ssd_placement import placed_model, resolve_groups
+
+    target_devices, _ = resolve_groups(method.target_devices, method.draft_devices, target, draft)
+    return placed_model(target, target_devices)
 
 
 def _plain_from_start(method, target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, stream,

@@ -6,6 +6,8 @@ runs with one device, hence a separate process). Prints one JSON line with the f
                                            # in the dispatching threads (async dispatch off), so
                                            # the draft's thread really computes beside the target's
   python tests/ssd_multidevice.py groups   # N=4: default groups [0, 1] / [2, 3], async dispatch
+  python tests/ssd_multidevice.py plain    # N=2: target_devices [1], draft_devices [0], an "auto"
+                                           # call that a remembered verdict decodes plainly
 """
 
 from __future__ import annotations
@@ -80,7 +82,32 @@ def run(check: str) -> dict:
     return result
 
 
+def run_plain() -> dict:
+    """Where an SSD "auto" call that a remembered verdict decodes plainly runs AR's loop: the
+    devices its target's params live on, and whether its tokens are AR's."""
+    generate_module = sys.modules["ssd_jax.generate"]
+    from ssd_jax.engine import ssd_auto
+
+    target = llama(64, 64, 2, seed=0)
+    draft = noisy_copy(target, 0.03, 5)
+    prompts = [[5, 9, 2, 7], [3]]
+    reference = ssd_jax.generate(target, prompts, max_new_tokens=16)
+    seen = []
+    original = generate_module._generate_sync
+
+    def spy(method, model, *args, **kwargs):
+        seen.append(sorted({d.id for leaf in jax.tree.leaves(model.params) for d in leaf.sharding.device_set}))
+        return original(method, model, *args, **kwargs)
+
+    generate_module._generate_sync = spy
+    ssd_auto.starts_plain = lambda key: True   # the verdict: SSD was slower for this program
+    method = ssd_jax.SSD(draft_len="auto", target_devices=[1], draft_devices=[0])
+    out = ssd_jax.generate(target, prompts, max_new_tokens=16, method=method, draft=draft)
+    return dict(plain_from_start=bool(out.stats.get("plain_from_start")), target_params_on=seen,
+                equal_to_ar=out.tokens == reference.tokens)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "split":
         jax.config.update("jax_cpu_enable_async_dispatch", False)
-    print(json.dumps(run(sys.argv[1])))
+    print(json.dumps(run_plain() if sys.argv[1] == "plain" else run(sys.argv[1])))

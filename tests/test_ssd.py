@@ -1049,6 +1049,15 @@ def test_two_devices_place_each_model_on_its_own_device():
     assert result["placements_ok"], result["placements"]
 
 
+def test_a_call_started_plain_runs_the_target_on_its_own_devices():
+    """An "auto" call that a remembered verdict decodes plainly runs AR's loop where the SSD
+    options put the target (it ran on the default device, the draft's device 0 here), with AR's
+    tokens."""
+    result = _multidevice("plain", 2)
+    assert result["plain_from_start"] and result["equal_to_ar"]
+    assert result["target_params_on"] == [[1]]
+
+
 def test_four_devices_groups_of_two():
     result = _multidevice("groups", 4)
     assert result["target_devices"] == [0, 1] and result["draft_devices"] == [2, 3]
