@@ -390,6 +390,18 @@ def test_a_deterministic_call_ignores_verdicts_remembered_with_timings(monkeypat
     assert ssd_auto.probe_length(key, 4, lambda n: 1.0) == 4
 
 
+def test_a_probe_that_leaves_no_verdict_is_not_followed_by_one_at_every_call(monkeypatch):
+    """A probe that ends without a verdict (an SSD call too short to judge: fewer than MIN_STEPS
+    steps) still starts the count of calls to the next probe: after a plain verdict of 16-token
+    calls, calls of 4 tokens (the same program) ran SSD at every call from the first probe on."""
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
+    monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 4)
+    key = ("program", "short probes")
+    ssd_auto.remember(key, 2.0, 2.0)
+    probes = [not ssd_auto.starts_plain(key) for _ in range(12)]   # none of them remembers a verdict
+    assert probes == [False, False, False, True] * 3
+
+
 def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     """A plain verdict's calls between probes are at least the probe's cost over PROBE_OVERHEAD
     (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces

@@ -56,13 +56,17 @@ class PlainVerdicts:
 
     def starts_plain(self, key) -> bool:
         """Whether a call of `key` decodes plainly from the start: the last call that ran the
-        adaptive program judged it not paying, and this call is not a probe. Counts the call."""
+        adaptive program judged it not paying, and this call is not a probe. Counts the call; a
+        probe starts the count again, so that one that leaves no verdict (an SSD call too short
+        to judge, one that raised) is not followed by another at every call: calls of 4 tokens
+        after a plain verdict of 16-token calls ran SSD every time from the first probe on."""
         with self._lock:
             verdict = self._values.lookup(key)
-            if verdict is None or not verdict[0] or verdict[1] + 1 >= verdict[2]:
+            if verdict is None or not verdict[0]:
                 return False
-            self._values.store(key, (True, verdict[1] + 1, verdict[2]))
-            return True
+            probe = verdict[1] + 1 >= verdict[2]
+            self._values.store(key, (True, 0 if probe else verdict[1] + 1, verdict[2]))
+            return not probe
 
     def is_plain(self, key) -> bool:
         """Whether key's verdict is "decode plainly" (a call that runs the adaptive program while
