@@ -326,6 +326,31 @@ def test_plain_step_is_timed_over_whole_chunks_whatever_the_call_s_length(models
     assert run_steps and min(run_steps) >= ssd_auto.PLAIN_CHUNK - 1
 
 
+def test_a_probe_s_cost_leaves_the_sinks_time_out(models, prompts, reference, monkeypatch):
+    """What a call's SSD cost (`PlainSwitch.probe_cost`, which spaces the probes of a plain
+    verdict) is timed without the stream's sink, as SSD's steps are: a slow consumer made probes
+    look dear and spaced them up to PROBE_EVERY_MAX calls apart."""
+    target, draft = models
+    costed, sink_s = [], [0.0]
+    original = ssd_auto.PlainSwitch.probe_cost
+
+    def probe_cost(self, call_s):
+        costed.append(call_s)
+        return original(self, call_s)
+
+    def slow_sink(tokens, counts):
+        start = time.perf_counter()
+        time.sleep(0.02)
+        sink_s[0] += time.perf_counter() - start
+
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "probe_cost", probe_cost)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft, stream=slow_sink)
+    assert out.tokens == reference.tokens and len(costed) == 1
+    assert costed[0] <= out.stats["wall_time_s"] - sink_s[0]
+
+
 def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
     """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
     its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start

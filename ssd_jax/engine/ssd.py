@@ -360,8 +360,10 @@ class _Decode:
 
     def remember_verdict(self, call_s: float) -> None:
         """The call's verdict for the next calls of its program (`ssd_auto.remember`), "auto" with
-        a key, once it ran MIN_STEPS SSD steps or switched; call_s: its seconds end to end, compiles
-        and the plain step's timing left out (what a probe like it costs, `PlainSwitch.probe_cost`)."""
+        a key, once it ran MIN_STEPS SSD steps or switched; call_s: its seconds end to end, compiles,
+        the plain step's timing and the stream's sink left out (what a probe like it costs,
+        `PlainSwitch.probe_cost`: counted in, a sink taking 20 ms a piece spaced the probes 64
+        calls apart where the same call unstreamed spaced them 11)."""
         switch = self.switch
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
@@ -405,7 +407,7 @@ def generate_ssd(
     outputs, counters = jax.device_get((decode.tstate["outputs"], decode.tstate["counters"]))
     jax.block_until_ready(decode.dstate)  # the last build: its work belongs to this call
     wall = time.perf_counter() - start - decode.run.compile_s - decode.measure_s
-    decode.remember_verdict(wall)
+    decode.remember_verdict(wall - decode.sink_s)   # a slow consumer's time is no probe's cost
 
     extra = dict(num_draft_tokens_per_step=num_draft_tokens, fanout_budget=fanout_budget, fanout_strategy=fanout,
                  fanout=list(map(int, decode.layout.fanout)), fanout_acceptance_estimate=estimator.acceptance(),
