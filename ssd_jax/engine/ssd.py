@@ -136,9 +136,9 @@ class _Decode:
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
-        # The config does not say the weights' dtype, nor a sharded target's mesh over its devices:
+        # The config does not say the weights' dtype, nor a sharded target's mesh and rules:
         # a bfloat16 copy of a float32 target took the float32 one's plain step as its own.
-        self.target_kind = (target.config, str(target.dtype), repr(target.placement.mesh.shape))
+        self.target_kind = (target.config, str(target.dtype), repr(target.placement.mesh.shape), target.placement.rules)
         self.verdict_key = verdict_key
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
