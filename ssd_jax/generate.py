@@ -207,11 +207,21 @@ def _ssd_target(method: SSD, target: Model, draft: Model) -> Model:
 def _plain_from_start(method, target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, stream,
                       **stats) -> GenerateOutput:
     """An "auto" call that a remembered verdict runs with AR's jitted loop (no draft work at all):
-    the AR tokens and stats, marked as the method's with plain_from_start (and `stats`)."""
+    the AR tokens and stats, marked as the method's with plain_from_start (and `stats`), with the
+    method's draft counters at what a run that drafted nothing reports (`_no_drafts`), so that the
+    stats of every "auto" call hold the same keys."""
     out = _generate_sync(AR(), target, None, batch, max_new_tokens, sampling, key, stream)
     out.stats.update(method=method.name, adaptive=True, planned_draft_len=0, mean_draft_len=0.0,
-                     ar_fallback_share=1.0, plain_from_start=True, **stats)
+                     ar_fallback_share=1.0, plain_from_start=True, **_no_drafts(), **stats)
     return out
+
+
+def _no_drafts() -> dict:
+    """The draft counters of a call that drafted nothing (`ssd_jax.metrics`' values for zero
+    drafts; each target call gave each row one token), new lists each time."""
+    return dict(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, num_rejected=0, acceptance_rate=0.0,
+                mean_acceptance_length=0.0, block_efficiency=1.0, accepted_per_position=[], steps_by_cap=[],
+                observed_acceptance=None)
 
 
 def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,

@@ -543,11 +543,17 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     prompts = [[3, 4, 5, 3, 4], [7]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=20)
 
+    counters = ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "num_rejected", "acceptance_rate",
+                "mean_acceptance_length", "block_efficiency", "accepted_per_position", "steps_by_cap",
+                "observed_acceptance")
+
     def starts_plain(method=ssd_jax.SD(draft_len="auto", max_draft_len=3)) -> bool:
         out = ssd_jax.generate(target, prompts, max_new_tokens=20, method=method, draft=draft)
         assert out.tokens == ar.tokens and out.stats["method"] == method.name and out.stats["adaptive"]
+        assert all(name in out.stats for name in counters)   # the same keys, summed over calls
         if out.stats.get("plain_from_start"):
             assert out.stats["ar_fallback_share"] == 1.0 and out.stats["mean_draft_len"] == 0.0
+            assert out.stats["num_drafts"] == 0 and out.stats["block_efficiency"] == 1.0
             return True
         assert "loop_costs" in out.stats
         return False
