@@ -141,7 +141,7 @@ def _k_matrix(name: str, value):
 
 def _devices(name: str, value):
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
-        raise InputError(f"{name} must be a sequence of jax devices, got {value!r}")
+        raise InputError(f"{name} must be a sequence of jax devices or device ids, got {value!r}")
     return tuple(value)
 
 
