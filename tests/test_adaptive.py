@@ -171,12 +171,13 @@ ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
 # plain steps, their drafts pay at first (at the prior acceptance), then after misses not, then
 # maybe again.
 MARGINAL = np.asarray([1.0, 1.2, 0.1, 0.5, 0.0], np.float32)
-# The same for the law tests' batch of 6000 rows, whose unluckiest row sets the batch's pace: one
-# speculative step, then plain steps.
-CHEAP = np.asarray([1.0, 0.6, 0.05, 0.5, 0.0], np.float32)
-# For a draft model there: a prior acceptance (0.9) that makes its first step speculative, the
-# measured one plain after it (at a chosen cap below the maximum).
-DRAFT_THEN_PLAIN = np.asarray([1.0, 1.2, 0.2, 0.9, 0.0], np.float32)
+# The same for the law tests' batch of 6000 rows (3 tokens), whose unluckiest row sets the batch's
+# pace: a prior acceptance (0.9) that makes the first step, at two tokens left, speculative, then
+# plain steps where a row has one token left (a step keeps only that one token, and a speculative
+# step costs more than a plain one).
+CHEAP = np.asarray([1.0, 1.05, 0.05, 0.9, 0.0], np.float32)
+# For a draft model there, the same (at a chosen cap below the maximum where the step takes one).
+DRAFT_THEN_PLAIN = np.asarray([1.0, 1.05, 0.1, 0.9, 0.0], np.float32)
 
 
 def _decode_program(target, method, sampling, out_size: int, draft_len=2):
@@ -798,6 +799,50 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from
     # The steps_by_cap stat: every step the batch ran, all at the forced cap.
     assert counters.cap_steps.tolist() == [0, int(counters.target_calls) - 1, 0, 0, 0, 0]
     assert speculative_stats(counters, np.asarray(out.num_tokens))["steps_by_cap"] == counters.cap_steps.tolist()
+
+
+@pytest.mark.parametrize("rows", [1, 2])
+def test_no_draft_longer_than_the_tokens_a_row_can_keep(models, rows):
+    """A step keeps at most the tokens its row has left, so the call's last steps price each cap
+    by the tokens kept: with one token left the loop decodes it plainly, with two it drafts one
+    (at the plan's costs SD drafted 8 tokens for a row's last token, a step ~2x a plain one)."""
+    target, draft = models
+    prompts = [[3, 4, 5, 6], [9, 2]][:rows]
+    costs = adaptive.loop_inputs(adaptive.UNMEASURED, adaptive.PRIOR_ACCEPTANCE, 9, 8)
+    decode = _decode_program(target, ssd_jax.SD(draft_len="auto"), SamplingParams(), out_size=3, draft_len=8)
+    for max_new, most in ((2, 0), (3, 1)):
+        ar = ssd_jax.generate(target, prompts, max_new_tokens=max_new)
+        out = decode(target, draft, *_padded(prompts), row_keys(None, rows), costs, np.int32(max_new))
+        assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+        counters = jax.device_get(out.counters["spec"])
+        assert int(np.max(counters.num_drafted)) <= most * int(np.max(counters.num_drafts))
+        assert int(np.max(counters.num_drafts)) <= 1
+
+
+def within_remaining_reference(mean, sd, remaining):
+    """`within_remaining` by hand: cap l of a row with r tokens left counts as cap min(l, r - 1)."""
+    kept_mean, kept_sd = np.ones_like(mean), np.zeros_like(sd)
+    for b, r in enumerate(remaining):
+        for l in range(1, mean.shape[1] + 1):
+            k = min(l, max(int(r), 1) - 1)
+            if k > 0:
+                kept_mean[b, l - 1], kept_sd[b, l - 1] = mean[b, k - 1], sd[b, k - 1]
+    return kept_mean, kept_sd
+
+
+def test_tokens_per_step_count_only_what_a_row_can_keep():
+    """The moments the loop prices caps by count a row's tokens up to those it has left: never
+    more than r, one token (no spread) at r = 1."""
+    from ssd_jax.engine.adaptive_loop import tokens_moments, within_remaining
+
+    reached = np.full((4, 5), 10.0, np.float32)
+    accepted = 0.8 * reached
+    mean, sd = tokens_moments(reached, accepted, 0.8)
+    remaining = np.asarray([1, 2, 4, 100], np.int32)
+    kept = within_remaining(mean, sd, remaining)
+    for got, want in zip(kept, within_remaining_reference(np.asarray(mean), np.asarray(sd), remaining)):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+    assert np.all(np.asarray(kept[0]) <= np.maximum(remaining, 1)[:, None])
 
 
 def test_batch_steps_are_the_slowest_running_rows():

@@ -28,7 +28,8 @@ remaining tokens:
     steps(l) = max_rows  r / E(l) + z_B sqrt(r) sd(l) / E(l)^1.5
 
 (the renewal count's mean and its spread; z_B the expected largest of B standard normals, B the
-running rows: 0 for one row). Rows differ: at batch 8 on held-out code one prompt's row needed
+running rows: 0 for one row; E and sd those of cap min(l, r - 1), the tokens the row can keep,
+`within_remaining`). Rows differ: at batch 8 on held-out code one prompt's row needed
 57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
 (4-8) lost to L=2 by 20-30%.
 
@@ -385,6 +386,20 @@ def tokens_mean_and_spread(reached: jax.Array, accepted: jax.Array, prior: jax.A
     return mean[..., cap - 1], sd[..., cap - 1]
 
 
+def within_remaining(mean: jax.Array, sd: jax.Array, remaining: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(E(l), sd(l)) by cap l = 1..L, float32 [B, L] each, of the tokens a step emits that its row
+    keeps: a row with r tokens left (remaining int32 [B]) keeps at most r, and min(T_l, r) =
+    T_min(l, r - 1), so cap l counts as cap min(l, r - 1) there (cap 0: one token, no spread).
+    Without it the call's last steps priced a long cap's tokens the row can never keep: at one
+    token left SD drafted 8 tokens for it (a step at r / E(8) < 1 steps), where a plain step
+    costs half as much."""
+    length = mean.shape[-1]
+    caps = jnp.minimum(jnp.arange(1, length + 1)[None, :], jnp.clip(remaining, 1, length + 1)[:, None] - 1)
+    index = jnp.maximum(caps - 1, 0)
+    kept = jnp.where(caps > 0, jnp.take_along_axis(mean, index, axis=-1), 1.0)
+    return kept, jnp.where(caps > 0, jnp.take_along_axis(sd, index, axis=-1), 0.0)
+
+
 def expected_largest_normal(count: jax.Array) -> jax.Array:
     """The expected largest of `count` standard normal draws (Blom's approximation,
     Phi^-1((n - 0.375) / (n + 0.25))): 0 for one, 0.59 for two, 1.43 for eight (exactly: 1.42)."""
@@ -582,7 +597,8 @@ def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
         below the break-even by more than its noise, Z standard errors, with (1 + DECAY) R_1
         the decayed sums' effective number of steps."""
         reached, accepted, shape = pooled(e.reached, e.accepted, e.running)
-        mean, sd = tokens_mean_and_spread(reached, accepted, a, index + 1, shape)
+        mean, sd = within_remaining(*tokens_moments(reached, accepted, a, shape=shape), e.remaining)
+        mean, sd = mean[:, index], sd[:, index]
         samples = jnp.maximum((1 + DECAY) * e.reached[:, 0], 1.0)
         steps = batch_steps(mean + z_noise * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
         plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
@@ -607,7 +623,8 @@ def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
             # raised by EXPLORE standard errors; the ones it reaches are measured every step.
             unreached = jnp.arange(1, L + 1) > e.chosen + 1
             optimism = EXPLORE * unreached.astype(jnp.float32) if batch == 1 else 0.0
-            mean, sd = tokens_moments(reached, accepted, a, optimism=optimism, shape=shape)
+            mean, sd = within_remaining(*tokens_moments(reached, accepted, a, optimism=optimism, shape=shape),
+                                        e.remaining)
             seconds = jnp.where(candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
             best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
             # Whether speculation pays is judged at the best cap, not at a probe's.
