@@ -206,6 +206,11 @@ class _Adaptive(_AutoLength):
     stops early when its top probability for the next token falls below it ("auto" only);
     None: GREEDY_THRESHOLD at temperature 0, no early stop at T > 0 (`early_stop`)."""
 
+    def check(self) -> None:
+        if self.threshold is not None and not self.adaptive:
+            raise InputError(f"threshold={self.threshold} applies to draft_len=\"auto\" only (a fixed draft "
+                             f"never stops early); got draft_len={self.draft_len}")
+
     def early_stop(self, greedy: bool) -> float:
         """The early-stop threshold a single-path "auto" draft uses (0.0: never stops early)."""
         if self.threshold is not None:

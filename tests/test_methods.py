@@ -64,6 +64,16 @@ def test_field_values(cls, field, value, ok):
             cls(**{field: value})
 
 
+@pytest.mark.parametrize("cls", [ssd_jax.SD, ssd_jax.BV, ssd_jax.SpecInfer, ssd_jax.SpecTr, ssd_jax.GBV])
+def test_a_threshold_with_a_fixed_length_is_refused(cls):
+    """The early stop is "auto"'s: with a fixed length a threshold would be ignored silently."""
+    with pytest.raises(InputError, match=r"threshold=0.5 applies to draft_len=\"auto\" only.*draft_len=4"):
+        cls(draft_len=4, threshold=0.5)
+    from ssd_jax.engine.per_call import fixed
+
+    assert fixed(cls(threshold=0.5), 4) == cls(draft_len=4)   # the per-call choice's fixed programs
+
+
 def test_numpy_and_python_integers_make_equal_objects():
     assert ssd_jax.SD(draft_len=np.int64(4)) == ssd_jax.SD(draft_len=4)
     assert hash(ssd_jax.SD(draft_len=np.int64(4))) == hash(ssd_jax.SD(draft_len=4))

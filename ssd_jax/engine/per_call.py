@@ -225,9 +225,11 @@ def menu_for(method, target, draft, sampling, batch: int, context: int) -> Menu:
 
 
 def fixed(method, length: int):
-    """The method at a fixed length (CSD: its max_draft_tokens)."""
+    """The method at a fixed length (CSD: its max_draft_tokens; an early-stop threshold, which
+    only "auto" takes, dropped)."""
     field = "max_draft_tokens" if method.name == "csd" else "draft_len"
-    return dataclasses.replace(method, **{field: int(length)})
+    extra = {"threshold": None} if getattr(method, "threshold", None) is not None else {}
+    return dataclasses.replace(method, **{field: int(length)}, **extra)
 
 
 def _surpluses(key, menu: Menu, memo: dict | None = None) -> dict[int, float]:
