@@ -865,6 +865,10 @@ def test_batch_steps_are_the_slowest_running_rows():
     by_cap = batch_steps(np.asarray([[2.0, 4.0], [1.5, 1.6]], np.float32), np.zeros((2, 2), np.float32),
                          np.asarray([40, 30], np.int32), np.ones(2, bool))
     np.testing.assert_allclose(np.asarray(by_cap), [20.0, 18.75], rtol=1e-6)
+    # Never more than r: each step emits a token (here the spread term alone would count 3 x 2.6).
+    wide = batch_steps(np.full(64, 1.1, np.float32), np.ones(64, np.float32), np.full(64, 3, np.int32),
+                       np.ones(64, bool))
+    assert float(wide) == pytest.approx(3.0)
 
 
 def test_a_slow_row_shortens_the_batch_cap():

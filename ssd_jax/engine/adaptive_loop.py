@@ -411,12 +411,13 @@ def batch_steps(mean: jax.Array, sd: jax.Array, remaining: jax.Array, running: j
     """The steps the batch still needs, float32 [...]: the most any running row needs for its
     remaining tokens at mean +- sd tokens per step (mean, sd float32 [B, ...]; remaining int32 [B];
     running bool [B]): r / mean + z_B sqrt(r) sd / mean^1.5, with z_B the expected largest of the
-    running rows' standardised spreads (`expected_largest_normal`)."""
+    running rows' standardised spreads (`expected_largest_normal`), at most r (a step emits at
+    least one token: at a large batch the spread term alone had counted more)."""
     extra = (mean.ndim - 1) * (None,)
     r = jnp.maximum(remaining, 0).astype(jnp.float32)[(slice(None),) + extra]
     mean = jnp.maximum(mean, 1.0)
     z = expected_largest_normal(jnp.sum(running))
-    steps = r / mean + z * jnp.sqrt(r) * sd / mean ** 1.5
+    steps = jnp.minimum(r / mean + z * jnp.sqrt(r) * sd / mean ** 1.5, r)
     return jnp.max(jnp.where(running[(slice(None),) + extra], steps, 0.0), axis=0)
 
 
