@@ -29,6 +29,7 @@ import os
 import threading
 import time
 import weakref
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -221,6 +222,18 @@ def remembered(memory: Recent, key):
         return memory.lookup(key)
 
 
+def measured_once(memory: Recent, key, measure: Callable[[], Any]):
+    """memory's value for key, else measure()'s, remembered: measured one at a time (MEASURING),
+    and read again once the lock is held (another thread may have measured it meanwhile)."""
+    with MEASURING:
+        value = remembered(memory, key)
+        if value is None:
+            value = measure()
+            with _COSTS_LOCK:
+                memory.store(key, value)
+    return value
+
+
 def _model_key(model) -> tuple:
     from ssd_jax.backend import platform_of
 
@@ -326,15 +339,12 @@ def forward_seconds(model, batch: int, width: int, context: int, measure: bool =
     known = remembered(_SECONDS, key)
     if known is not None or not measure:
         return known
-    with MEASURING:
-        known = remembered(_SECONDS, key)   # measured by another thread while this one waited
-        if known is not None:
-            return known
-        seconds = _loop_seconds(loop_params(model), model.config, batch, width, context_bucket(context))
-        seconds = float(agreed(np.asarray([seconds]))[0])
-        with _COSTS_LOCK:
-            _SECONDS.store(key, seconds)
-    return seconds
+
+    def seconds() -> float:
+        measured = _loop_seconds(loop_params(model), model.config, batch, width, context_bucket(context))
+        return float(agreed(np.asarray([measured]))[0])
+
+    return measured_once(_SECONDS, key, seconds)
 
 
 def measure_costs(target, draft, batch: int, context: int, max_draft_len: int) -> StepCosts:
@@ -621,10 +631,7 @@ def _kept_or_measured(executable, args: tuple, program_key, costs: StepCosts, si
     """The program's calibration (`calibrated_inputs`' arguments; size: its `calibration_length`):
     another thread's, else the one kept on disk, else measured (and kept); remembered for the
     process."""
-    with MEASURING:
-        calibration = remembered(_CALIBRATION, program_key)   # another thread's, made while this one waited
-        if calibration is not None:
-            return calibration
+    def kept_or_measured() -> tuple[float, ...]:
         stored = calibration_store.path_for(executable, key=program_key)
         calibration = calibration_store.load(stored)
         if not usable_calibration(calibration, size):
@@ -632,9 +639,9 @@ def _kept_or_measured(executable, args: tuple, program_key, costs: StepCosts, si
                 calibration = tuple(float(x) for x in agreed(np.asarray(
                     _calibrate(executable, args, costs, takes_cap, table_caps))))
             calibration_store.save(stored, calibration)
-        with _COSTS_LOCK:
-            _CALIBRATION.store(program_key, calibration)
-    return calibration
+        return calibration
+
+    return measured_once(_CALIBRATION, program_key, kept_or_measured)
 
 
 def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, planned: np.ndarray,
