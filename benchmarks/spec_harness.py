@@ -104,7 +104,7 @@ def call_trace(stats: dict) -> dict:
     out = dict(length=int(stats.get("planned_draft_len", 0)), wall_s=float(seconds),
                compile_s=float(stats.get("compile_time_s") or 0.0), target_calls=int(stats["target_calls"]),
                tokens=int(stats["num_generated_tokens"]))
-    if "chosen_paths" in stats:
+    if stats.get("chosen_paths") is not None:   # None: the call ran AR's program
         out["paths"] = int(stats["chosen_paths"])
     for name in SSD_TRACE_STATS:
         if stats.get(name) is not None:

@@ -132,6 +132,10 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
     assert spec_harness.call_trace(dict(planned_draft_len=4, chosen_paths=2, wall_time_s=0.5, target_calls=3,
                                         num_generated_tokens=8)) == dict(
         length=4, paths=2, wall_s=0.5, compile_s=0.0, target_calls=3, tokens=8)
+    # A multi-path call that ran AR's program has no path count (chosen_paths None).
+    assert spec_harness.call_trace(dict(planned_draft_len=0, chosen_paths=None, wall_time_s=0.5, target_calls=8,
+                                        num_generated_tokens=8)) == dict(
+        length=0, wall_s=0.5, compile_s=0.0, target_calls=8, tokens=8)
     # SSD's call: where it switched (None: it did not), the plain step it was judged against.
     ssd = dict(method="ssd", adaptive=True, planned_draft_len=4, switched_to_plain_at_step=None, plain_step_s=0.005,
                judged_step_s=0.015, judged_pace_tokens=3.5, call_pace_tokens=3.0, wall_time_s=0.5, target_calls=40,
