@@ -18,6 +18,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
 | `adaptive_per_call_below_rows` (synchronous methods' "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
+| verifiers' small loops (multi-path walk, SpecInfer's candidates, GBV's selection, SpecTr's rho* search, tree walk; chosen when lowered, `ssd_jax.verify._unroll`) | loops | unrolled | unrolled |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
   bf16 on accelerators halves the bytes that every memory-bound decode step reads; softmax,
@@ -71,6 +72,14 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   off the drafted programs' surplus, fixed since (AR's program timed, paths chosen per call),
   not yet re-timed there. Batch 8 keeps the loop (1.01-1.04 of the best fixed length on the
   H100, where a step is long enough to hide the reads).
+- Verifiers' loops: the multi-path and tree verifiers loop over a few static steps (depths,
+  candidates, SpecTr's 24 bisection steps for rho* at every depth). On an H200 (embedded pair,
+  bf16, T=1, batch 1, 2 paths, 2026-11-30) SpecTr's fixed L=1/2/4 ran 0.76/0.67/0.54x AR where
+  SpecInfer's, the same walk without the bisection, ran 1.09/1.16/1.12x: each `while_loop` turn
+  is a read back to the host. Off CPU these loops are unrolled and SpecTr's search takes 15
+  points a round (6 rounds, the same final bracket); on CPU, where turns are free and the extra
+  points cost compute (a SpecTr verification at batch 8, L=8, 2 paths, V=4096: 6.5 ms with the
+  15-point search against 2.4 ms bisecting), the loops stay. Not yet timed on a GPU or TPU.
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0),
   and on an H200 too (1.63x vs 1.55x, 2026-11-28): building and verifying the tree grow with its
@@ -173,10 +182,11 @@ def devices_platform(devices) -> str:
     return platforms.pop()
 
 
-def per_platform(x: jax.Array, *, cpu: Callable, default: Callable):
-    """`cpu(x)` in programs compiled for CPU, `default(x)` elsewhere: the choice is made when
-    the program is lowered, so one traced function serves every platform."""
-    return jax.lax.platform_dependent(x, cpu=cpu, default=default)
+def per_platform(*args: Any, cpu: Callable, default: Callable):
+    """`cpu(*args)` in programs compiled for CPU, `default(*args)` elsewhere: the choice is made
+    when the program is lowered (XLA drops the other branch), so one traced function serves
+    every platform."""
+    return jax.lax.platform_dependent(*args, cpu=cpu, default=default)
 
 
 def _cpuinfo(*fields: str) -> str | None:

@@ -11,6 +11,8 @@ token draw) is checked against the same target law in test_verify_montecarlo.py.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -48,12 +50,14 @@ def test_specinfer_law_is_target(seed, V, L, K):
     assert vh.tv(vh.exact_law_walk(t, K, verify.specinfer_node), vh.target_law(t)) < EXACT_TOL
 
 
+@pytest.mark.parametrize("unrolled", [False, True], ids=["bisection", "unrolled_search"])
 @pytest.mark.parametrize("seed,V,L,K", MULTI_CASES)
-def test_spectr_law_is_target(seed, V, L, K):
+def test_spectr_law_is_target(seed, V, L, K, unrolled):
     t = vh.random_tables(seed, V, L)
-    # rho* comes from bisection; any rho on the kept side of the bracket is exact, so the only
-    # error left is float64 rounding.
-    assert vh.tv(vh.exact_law_walk(t, K, verify.spectr_node), vh.target_law(t)) < EXACT_TOL
+    # rho* comes from a bracket search (bisection on CPU, 15 points a round elsewhere); any rho on
+    # the kept side of the bracket is exact, so the only error left is float64 rounding.
+    rule = functools.partial(verify.spectr_node, unrolled=unrolled)
+    assert vh.tv(vh.exact_law_walk(t, K, rule), vh.target_law(t)) < EXACT_TOL
 
 
 # ----------------------------------------------------------------------------- power
@@ -174,11 +178,12 @@ def test_tokenwise_matches_alpha_series_and_block_is_no_worse(seed, V, L):
     assert e_blk >= e_tok - 1e-13
 
 
-def test_spectr_rho_solves_the_balance_equation():
+@pytest.mark.parametrize("unrolled", [False, True], ids=["bisection", "unrolled_search"])
+def test_spectr_rho_solves_the_balance_equation(unrolled):
     rng = np.random.default_rng(40)
     for k in (2, 3, 8):
         p, q = rng.dirichlet(np.ones(50)), rng.dirichlet(np.ones(50))
-        rho = float(vh.x64(verify.spectr_rho, p, q, np.float64(k)))
+        rho = float(vh.x64(functools.partial(verify.spectr_rho, unrolled=unrolled), p, q, np.float64(k)))
         beta = np.minimum(p / rho, q).sum()
         p_acc = 1 - (1 - beta) ** k
         assert 1 <= rho <= k

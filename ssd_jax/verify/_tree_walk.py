@@ -24,12 +24,14 @@ import jax.numpy as jnp
 from ssd_jax.verify._common import first_true, row_keys, sample_from_weights
 from ssd_jax.verify.result import VerifyResult
 
-# node_rule(p [V], q [V], candidates int32 [K], alive bool [K]) -> (accept [K], residual [V])
+# node_rule(p [V], q [V], candidates int32 [K], alive bool [K], *, unrolled: bool)
+#     -> (accept [K], residual [V]); unrolled: its own loops as straight-line code (`_unroll`)
 NodeRule = Callable[[jax.Array, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 
 
-def walk_row(node_rule: NodeRule, key, paths, q, p):
-    """One row: paths int32 [K, L], q [K, L, V], p [K, L+1, V].
+def walk_row(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False):
+    """One row: paths int32 [K, L], q [K, L, V], p [K, L+1, V]; unrolled: the depths as
+    straight-line code instead of a `lax.scan` (`ssd_jax.verify._unroll`).
     Returns (num_accepted, next_token, path_index), int32 scalars."""
     n_paths, n_draft = paths.shape
     k_accept, k_token = jax.random.split(key)
@@ -39,7 +41,7 @@ def walk_row(node_rule: NodeRule, key, paths, q, p):
         alive, stopped, n, stop_weights = carry
         rep = first_true(alive)
         candidates = paths[:, i]
-        accept, residual = node_rule(p[rep, i], q[rep, i], candidates, alive)
+        accept, residual = node_rule(p[rep, i], q[rep, i], candidates, alive, unrolled=unrolled)
         taken = alive & (u[i] < accept)
         any_taken = jnp.any(taken)
         token = candidates[first_true(taken)]
@@ -51,15 +53,15 @@ def walk_row(node_rule: NodeRule, key, paths, q, p):
 
     init = (jnp.ones((n_paths,), bool), jnp.asarray(False), jnp.asarray(0, jnp.int32),
             jnp.zeros_like(p[0, 0]))
-    (alive, stopped, n, stop_weights), _ = jax.lax.scan(step, init, jnp.arange(n_draft))
+    (alive, stopped, n, stop_weights), _ = jax.lax.scan(step, init, jnp.arange(n_draft), unroll=unrolled)
     rep = first_true(alive)
     bonus = p[rep, n_draft]
     y = sample_from_weights(k_token, jnp.where(stopped, stop_weights, bonus), fallback=p[rep, n])
     return n, y, rep
 
 
-def walk(node_rule: NodeRule, key, paths, q, p) -> VerifyResult:
+def walk(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False) -> VerifyResult:
     """Batched walk: paths int32 [B, K, L], q [B, K, L, V], p [B, K, L+1, V]."""
-    row = lambda k, x, qq, pp: walk_row(node_rule, k, x, qq, pp)
+    row = lambda k, x, qq, pp: walk_row(node_rule, k, x, qq, pp, unrolled=unrolled)
     n, y, k = jax.vmap(row)(row_keys(key, paths.shape[0]), paths, q, p)
     return VerifyResult(n, y, k)

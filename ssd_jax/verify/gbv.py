@@ -19,11 +19,14 @@ With K = 1, q~ = q and X* is the only path, so gbv returns block's verdict for t
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys
 from ssd_jax.verify._order import cdf_before, order_key
+from ssd_jax.verify._unroll import rolled_on_cpu
 from ssd_jax.verify.block import block_row
 from ssd_jax.verify.result import VerifyResult
 
@@ -38,7 +41,7 @@ def power_sum(u, lo, k: int):
     return acc
 
 
-def _select_and_skew_row(paths, q, p):
+def _select_and_skew_row(paths, q, p, *, unrolled: bool = False):
     n_paths, n_draft = paths.shape
 
     def step(carry, i):
@@ -61,7 +64,7 @@ def _select_and_skew_row(paths, q, p):
         return (alive & (candidates == x_star), t), (x_star, q_tilde, p_i)
 
     init = (jnp.ones((n_paths,), bool), jnp.zeros((), p.dtype))
-    (alive, _), (x_star, q_tilde, p_star) = jax.lax.scan(step, init, jnp.arange(n_draft))
+    (alive, _), (x_star, q_tilde, p_star) = jax.lax.scan(step, init, jnp.arange(n_draft), unroll=unrolled)
     k_star = first_true(alive)
     p_star = jnp.concatenate([p_star, p[k_star, n_draft][None]], axis=0)
     return k_star, x_star.astype(jnp.int32), q_tilde, p_star
@@ -75,11 +78,13 @@ def skewed_draft(paths, q, p):
     Returns (path_index int32 [B]: lowest index of a path equal to X*,
              x_star int32 [B, L], q_tilde [B, L, V]: law of X* given its prefix,
              p_star [B, L+1, V]: target rows along X*)."""
-    return jax.vmap(_select_and_skew_row)(paths.astype(jnp.int32), q, p)
+    select = lambda x, qq, pp, *, unrolled: jax.vmap(
+        functools.partial(_select_and_skew_row, unrolled=unrolled))(x, qq, pp)
+    return rolled_on_cpu(select, paths.astype(jnp.int32), q, p)
 
 
-def _gbv_row(key, paths, q, p):
-    _, x_star, q_tilde, p_star = _select_and_skew_row(paths, q, p)
+def _gbv_row(key, paths, q, p, *, unrolled: bool):
+    _, x_star, q_tilde, p_star = _select_and_skew_row(paths, q, p, unrolled=unrolled)
     n, y = block_row(key, x_star, q_tilde, p_star)
     in_prefix = jnp.arange(paths.shape[1]) < n
     shares_prefix = jnp.all((paths == x_star) | ~in_prefix, axis=1)
@@ -88,8 +93,9 @@ def _gbv_row(key, paths, q, p):
 
 @jax.jit
 def _gbv_core(key, paths, q, p):
-    n, y, k = jax.vmap(_gbv_row)(row_keys(key, paths.shape[0]), paths, q, p)
-    return VerifyResult(n, y, k)
+    rows = lambda keys, x, qq, pp, *, unrolled: jax.vmap(
+        functools.partial(_gbv_row, unrolled=unrolled))(keys, x, qq, pp)
+    return VerifyResult(*rolled_on_cpu(rows, row_keys(key, paths.shape[0]), paths, q, p))
 
 
 def gbv(key, paths, q, p) -> VerifyResult:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.verify._common import argmax_first, first_true, leading_true_count, row_keys, sample_from_weights
+from ssd_jax.verify._unroll import rolled_on_cpu
 
 
 class TreeVerdict(NamedTuple):
@@ -29,7 +30,7 @@ class TreeVerdict(NamedTuple):
     nodes: jax.Array
 
 
-def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool):
+def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool, unrolled: bool = False):
     keys = jax.random.split(key, max_depth + 1)
 
     def step(carry, d):
@@ -46,7 +47,7 @@ def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool):
 
     init = (jnp.asarray(0, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
     # A leaf has no children, so the walk always stops by iteration max_depth (index max_depth).
-    (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1))
+    (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1), unroll=unrolled)
     nodes = jnp.concatenate([jnp.zeros((1,), jnp.int32), visited[:max_depth]])
     nodes = jnp.where(jnp.arange(max_depth + 1) <= n, nodes, 0)
     return n, nxt, nodes
@@ -67,9 +68,9 @@ def point_mass_tree(key, tokens, valid, parents, p, *, greedy: bool) -> TreeVerd
     parents_b = jnp.broadcast_to(jnp.asarray(parents_arr, jnp.int32), (b, n_nodes))
     static = isinstance(parents_arr, np.ndarray) and parents_arr.ndim == 1
     max_depth = _max_depth(parents_arr) if static else n_nodes - 1
-    row = lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy)
-    n, nxt, nodes = jax.vmap(row)(row_keys(key, b), tokens, jnp.asarray(valid, bool), p, parents_b)
-    return TreeVerdict(n, nxt, nodes)
+    rows = lambda *args, unrolled: jax.vmap(
+        lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy, unrolled))(*args)
+    return TreeVerdict(*rolled_on_cpu(rows, row_keys(key, b), tokens, jnp.asarray(valid, bool), p, parents_b))
 
 
 def _chain_row(key, tokens, valid, p, greedy: bool):

@@ -9,18 +9,22 @@ i.i.d. draws from q(.|node)."""
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from ssd_jax.verify._common import accept_prob, as_probs, check_multi, normalize_or, positive_part
 from ssd_jax.verify._tree_walk import walk
+from ssd_jax.verify._unroll import rolled_on_cpu
 from ssd_jax.verify.result import VerifyResult
 
 
-def specinfer_node(p, q, candidates, alive):
+def specinfer_node(p, q, candidates, alive, *, unrolled: bool = False):
     """Recursive rejection sampling at one node.
 
-    p, q: float [V] target and draft laws at the node; candidates: int32 [K]; alive: bool [K].
+    p, q: float [V] target and draft laws at the node; candidates: int32 [K]; alive: bool [K];
+    unrolled: the candidates as straight-line code instead of a `lax.scan` (same values).
     Returns (accept [K]: probability that candidate j is accepted given every earlier alive
     candidate was rejected, 0 for dead ones; residual [V]: law of the next token when all alive
     candidates are rejected)."""
@@ -30,13 +34,13 @@ def specinfer_node(p, q, candidates, alive):
         p_next = normalize_or(positive_part(p_cur - q), p_cur)
         return jnp.where(alive[j], p_next, p_cur), jnp.where(alive[j], a, 0)
 
-    residual, accept = jax.lax.scan(body, p, jnp.arange(candidates.shape[0]))
+    residual, accept = jax.lax.scan(body, p, jnp.arange(candidates.shape[0]), unroll=unrolled)
     return accept, residual
 
 
 @jax.jit
 def _specinfer_core(key, paths, q, p):
-    return walk(specinfer_node, key, paths, q, p)
+    return rolled_on_cpu(functools.partial(walk, specinfer_node), key, paths, q, p)
 
 
 def specinfer(key, paths, q, p) -> VerifyResult:

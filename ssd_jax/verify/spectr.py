@@ -11,50 +11,75 @@ the bracket, so a finite number of steps costs a little acceptance, never exactn
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from ssd_jax.verify._common import accept_prob, as_probs, check_multi, positive_part
 from ssd_jax.verify._tree_walk import walk
+from ssd_jax.verify._unroll import rolled_on_cpu
 from ssd_jax.verify.result import VerifyResult
 
 BISECTION_STEPS = 24   # bracket width (k - 1) / 2^24: below float32 resolution of rho for k <= 8
+SEARCH_POINTS = 15     # the unrolled search's points a round: 16 parts, 4 bisection steps' worth
+SEARCH_ROUNDS = BISECTION_STEPS // 4   # the same final bracket as the bisection
 
 
 def _beta(p, q, rho):
-    return jnp.sum(jnp.minimum(p * (1 / rho), q))
+    return jnp.sum(jnp.minimum(p * (1 / rho), q), axis=-1)
 
 
 def _p_acc(beta, k):
     return 1 - jnp.power(jnp.clip(1 - beta, 0, 1), k)
 
 
-def spectr_rho(p, q, k):
+def spectr_rho(p, q, k, *, unrolled: bool = False):
     """rho* for one node: p, q float [V]; k float scalar (number of candidates, >= 1).
-    Returns the upper end of the final bisection bracket, where p_acc <= rho * beta."""
+    Returns the upper end of the final search bracket, where p_acc <= rho * beta.
 
-    def excess(rho):
-        beta = _beta(p, q, rho)
+    The bracket [1, k] narrows by bisection, BISECTION_STEPS steps in a `fori_loop`; unrolled,
+    SEARCH_ROUNDS rounds each evaluate SEARCH_POINTS evenly spaced points at once and keep the
+    part between the last point still too low and the first that is not: the same dyadic points
+    as four bisection steps, so the same final bracket, in a quarter of the sequential steps
+    (`ssd_jax.verify._unroll`)."""
+    p_row, q_row = p[None, :], q[None, :]
+
+    def excess(rho):   # rho [N] -> [N]: > 0 where rho is too low
+        beta = _beta(p_row, q_row, rho[:, None])
         return _p_acc(beta, k) - rho * beta
 
-    def body(_, bracket):
-        lo, hi = bracket
-        mid = (lo + hi) / 2
-        too_low = excess(mid) > 0
-        return jnp.where(too_low, mid, lo), jnp.where(too_low, hi, mid)
+    lo, hi = jnp.ones((), p.dtype), jnp.maximum(k, 1).astype(p.dtype)
+    if not unrolled:
+        def body(_, bracket):
+            lo, hi = bracket
+            mid = (lo + hi) / 2
+            too_low = excess(mid[None])[0] > 0
+            return jnp.where(too_low, mid, lo), jnp.where(too_low, hi, mid)
 
-    one = jnp.ones((), p.dtype)
-    _, hi = jax.lax.fori_loop(0, BISECTION_STEPS, body, (one, jnp.maximum(k, 1).astype(p.dtype)))
+        return jax.lax.fori_loop(0, BISECTION_STEPS, body, (lo, hi))[1]
+    parts = SEARCH_POINTS + 1
+    fractions = jnp.arange(1, parts, dtype=p.dtype) / parts
+    for _ in range(SEARCH_ROUNDS):
+        points = lo + (hi - lo) * fractions
+        too_low = excess(points) > 0
+        # points too low form a prefix where excess falls once; counting them keeps that reading
+        # and, were it not monotone, still ends on a point that is not too low (exactness)
+        low_count = jnp.argmin(jnp.concatenate([too_low, jnp.zeros((1,), bool)]))
+        new_lo = jnp.where(low_count > 0, points[jnp.maximum(low_count - 1, 0)], lo)
+        hi = jnp.where(low_count < SEARCH_POINTS, points[jnp.minimum(low_count, SEARCH_POINTS - 1)], hi)
+        lo = new_lo
     return hi
 
 
-def spectr_node(p, q, candidates, alive):
+def spectr_node(p, q, candidates, alive, *, unrolled: bool = False):
     """k-sequential selection at one node (same contract as `specinfer_node`).
 
-    p, q: float [V]; candidates: int32 [K]; alive: bool [K], k = number alive.
+    p, q: float [V]; candidates: int32 [K]; alive: bool [K], k = number alive; unrolled: rho*'s
+    search without a loop (`spectr_rho`).
     Returns (accept [K], residual [V])."""
     k = jnp.sum(alive).astype(p.dtype)
-    rho = spectr_rho(p, q, k)
+    rho = spectr_rho(p, q, k, unrolled=unrolled)
     accepted_part = jnp.minimum(p * (1 / rho), q)
     beta = jnp.sum(accepted_part)
     # As beta -> 0, p_acc / beta -> k; the product with accepted_part (= 0 then) stays 0.
@@ -67,7 +92,7 @@ def spectr_node(p, q, candidates, alive):
 
 @jax.jit
 def _spectr_core(key, paths, q, p):
-    return walk(spectr_node, key, paths, q, p)
+    return rolled_on_cpu(functools.partial(walk, spectr_node), key, paths, q, p)
 
 
 def spectr(key, paths, q, p) -> VerifyResult:

@@ -1,0 +1,25 @@
+"""Whether the verifiers' small loops run as XLA loops or unrolled, chosen per platform.
+
+The multi-path verifiers loop over a few static steps: the walk over draft depths (L), SpecInfer's
+candidates at a node (K), GBV's selection over depths, SpecTr's search for rho*. XLA:GPU runs each
+turn of a `while_loop` by reading its predicate back to the host (`ssd_jax.backend`), a few
+microseconds each: SpecTr's 24 bisection steps at each of L depths made its verification cost
+more than the target's forward on an H200 (embedded pair, bf16, T=1, batch 1, 2 paths: fixed
+L=4 ran 0.54x AR where SpecInfer's L=4 ran 1.12x, 2026-11-30). Elsewhere than on CPU these loops
+are therefore unrolled into straight-line code and SpecTr's search evaluates 15 points a round
+(`ssd_jax.verify.spectr.spectr_rho`); on CPU, where a loop turn costs nothing and the extra points
+cost compute, they stay loops. Both forms compute the same values (SpecTr's rho* up to its
+last float bits)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+from ssd_jax.backend import per_platform
+
+
+def rolled_on_cpu(fn: Callable, *args):
+    """fn(*args, unrolled=False) in programs compiled for CPU, fn(*args, unrolled=True) elsewhere."""
+    return per_platform(*args, cpu=functools.partial(fn, unrolled=False),
+                        default=functools.partial(fn, unrolled=True))
