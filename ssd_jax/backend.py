@@ -18,6 +18,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `adaptive_switch_per_step` (PLD, CSD: verification at the narrowest width, per step or, CSD at batch > 1, per run of steps) | yes | no | yes |
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
 | `adaptive_per_call_below_rows` (synchronous methods' "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
+| `unroll_draft_steps` (a draft model's fixed-length drafting: its L - 1 forwards as straight-line code, not a `lax.scan`) | no | no | no |
 | verifiers' small loops (multi-path walk, SpecInfer's candidates, GBV's selection, SpecTr's rho* search, tree walk; chosen when lowered, `ssd_jax.verify._unroll`) | loops | unrolled | unrolled |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
@@ -80,6 +81,12 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   points a round (6 rounds, the same final bracket); on CPU, where turns are free and the extra
   points cost compute (a SpecTr verification at batch 8, L=8, 2 paths, V=4096: 6.5 ms with the
   15-point search against 2.4 ms bisecting), the loops stay. Not yet timed on a GPU or TPU.
+- Drafting: a draft model's fixed-length drafting (SD, BV, SpecInfer, SpecTr, GBV) runs its L - 1
+  forwards in a `lax.scan` everywhere; `unroll_draft_steps` writes them out instead, which on
+  XLA:GPU would spare L - 1 host reads a step (as the verifiers' loops, above). On CPU it changes
+  nothing measurable (SD, T=0, batch 1, 4 prompts x 128 tokens, fastest of 3: scan over unrolled
+  1.003 / 0.983 / 1.008 at L = 2 / 4 / 8, 2026-11-30). Off until timed on a GPU
+  (`bench_adaptive.py --policy unroll_draft_steps=true` against the default).
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0),
   and on an H200 too (1.63x vs 1.55x, 2026-11-28): building and verifying the tree grow with its
@@ -122,6 +129,7 @@ class Policy:
     adaptive_switch_per_step: bool = True
     adaptive_scan_from_batch: int = 2
     adaptive_per_call_below_rows: int = 0
+    unroll_draft_steps: bool = False
 
 
 POLICIES = {

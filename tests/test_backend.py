@@ -25,11 +25,11 @@ PACKAGE = os.path.dirname(os.path.abspath(ssd_jax.__file__))
 
 DOCUMENTED = {
     "cpu": dict(dtype="float32", unroll_layers=True, prefill_attention="reference", decode_attention="reference",
-                logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1),
+                logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1, unroll_draft_steps=False),
     "gpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn", decode_attention="xla",
-                logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2),
+                logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2, unroll_draft_steps=False),
     "tpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="xla", decode_attention="pallas",
-                logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1),
+                logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1, unroll_draft_steps=False),
 }
 
 
@@ -205,3 +205,43 @@ def test_ar_padded_to_the_policy_rows_gives_the_same_tokens(monkeypatch):
         compile_cache.clear()
     assert [p.tokens for p in padded] == plain
     assert len(padded[0].finish_reasons) == 1
+
+
+@pytest.mark.parametrize("method_name", ["sd", "specinfer"])
+def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
+    """`unroll_draft_steps` (drafting's L - 1 forwards written out instead of scanned) changes
+    the program, not its values: SD (greedy and sampled) and SpecInfer (sampled, 2 paths) decode
+    the same tokens from the same key either way, at a fixed length and under "auto"."""
+    import dataclasses
+
+    from ssd_jax.draft.model_chain import draft_paths
+    from ssd_jax.engine import compile_cache, speculative
+
+    target, draft = ssd_jax.default_models()
+    ids = target.tokenizer.encode("def main():").ids
+    key = jax.random.PRNGKey(5)
+    cases = [(0.0, 4), (1.0, 4), (1.0, "auto")] if method_name == "sd" else [(1.0, 3)]
+
+    def run():
+        outs = []
+        for temperature, length in cases:
+            method = (ssd_jax.SD(draft_len=length) if method_name == "sd"
+                      else ssd_jax.SpecInfer(draft_len=length, paths=2))
+            outs.append(ssd_jax.generate(target, [ids], method=method, draft=draft, max_new_tokens=24,
+                                         temperature=temperature, key=key).tokens)
+        return outs
+
+    seen = []   # the unroll flag of every drafting traced
+    monkeypatch.setattr(speculative, "draft_paths", lambda *a, **kw: seen.append(kw["unroll"]) or draft_paths(*a, **kw))
+    compile_cache.clear()
+    scanned = run()
+    assert seen and not any(seen)
+    monkeypatch.setitem(backend.POLICIES, "cpu", dataclasses.replace(backend.POLICIES["cpu"], unroll_draft_steps=True))
+    seen.clear()
+    compile_cache.clear()
+    try:
+        unrolled = run()
+    finally:
+        compile_cache.clear()
+    assert seen and all(seen)
+    assert unrolled == scanned

@@ -39,8 +39,10 @@ def draft_paths(
     num_draft_tokens: int,
     sampling: SamplingParams,
     target_vocab: int,
+    unroll: bool = False,
 ) -> tuple[jax.Array, jax.Array, KVCache]:
-    """Drafts num_draft_tokens (L) tokens per path.
+    """Drafts num_draft_tokens (L) tokens per path (unroll: the L - 1 forwards as straight-line
+    code instead of a `lax.scan`, the backend policy's `unroll_draft_steps`; the same values).
 
     cache: draft cache of batch B*K (path k of row b at index b*K + k, all copies holding the
     same committed text). chunk int32 [B*K, C]: tokens not yet in the cache, chunk_len[i] of them
@@ -64,7 +66,7 @@ def draft_paths(
         return extend(params, config, cache, token), (token, q)
 
     (logits, cache), (tokens, qs) = jax.lax.scan(
-        step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32)
+        step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32), unroll=unroll
     )
     q_last = probs_of(logits)
     last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))

@@ -120,6 +120,11 @@ class SpeculativeParts:
         return policy_for(self.tparams).adaptive_scan_from_batch
 
     @property
+    def unroll_draft_steps(self) -> bool:
+        """Draft the L - 1 forwards unrolled (the backend policy's `unroll_draft_steps`)."""
+        return policy_for(self.dparams).unroll_draft_steps
+
+    @property
     def verify_caps(self) -> tuple[int, ...]:
         """The draft lengths verification is compiled for (`compiled_caps` when drafts vary in
         length, `takes_cap`; else L alone)."""
@@ -169,7 +174,7 @@ class SpeculativeParts:
             paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
                 jnp.repeat(inner["chunk_len"], K), draft_keys, num_draft_tokens=L, sampling=self.sampling,
-                target_vocab=vocab,
+                target_vocab=vocab, unroll=self.unroll_draft_steps,
             )
             lengths = jnp.full((b,), L, jnp.int32)
             forwards = jnp.asarray(L - 1, jnp.int32)
@@ -228,7 +233,7 @@ class SpeculativeParts:
         def capped(n: int, tcache, dcache):
             paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, dcache, inner["chunk"], inner["chunk_len"], draft_keys,
-                num_draft_tokens=n, sampling=self.sampling, target_vocab=vocab)
+                num_draft_tokens=n, sampling=self.sampling, target_vocab=vocab, unroll=self.unroll_draft_steps)
             # Every row proposes all it drafted, up to the cap: the forwards and the verified
             # width are spent whatever the draft's confidence, and a proposal cut at its first
             # unsure token (`draft_path_until_unsure`'s rule) only gives up tokens (SD at batch 1,
