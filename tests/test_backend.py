@@ -211,7 +211,8 @@ def test_ar_padded_to_the_policy_rows_gives_the_same_tokens(monkeypatch):
 def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
     """`unroll_draft_steps` (drafting's L - 1 forwards written out instead of scanned) changes
     the program, not its values: SD (greedy and sampled) and SpecInfer (sampled, 2 paths) decode
-    the same tokens from the same key either way, at a fixed length and under "auto"."""
+    the same tokens from the same key either way. ("auto"'s per-cap steps draft through the same
+    call with the same flag; their programs take ~30 s to compile here.)"""
     import dataclasses
 
     from ssd_jax.draft.model_chain import draft_paths
@@ -220,7 +221,7 @@ def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
     target, draft = ssd_jax.default_models()
     ids = target.tokenizer.encode("def main():").ids
     key = jax.random.PRNGKey(5)
-    cases = [(0.0, 4), (1.0, 4), (1.0, "auto")] if method_name == "sd" else [(1.0, 3)]
+    cases = [(0.0, 4), (1.0, 3)] if method_name == "sd" else [(1.0, 3)]
 
     def run():
         outs = []
