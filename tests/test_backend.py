@@ -246,3 +246,27 @@ def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
         compile_cache.clear()
     assert seen and all(seen)
     assert unrolled == scanned
+
+
+@pytest.mark.parametrize("num_draft_tokens", [2, 3])
+def test_unrolled_drafting_lowers_without_its_loop(num_draft_tokens):
+    """`draft_paths(unroll=True)` writes its L - 1 forwards out even for one forward (L = 2), where
+    `lax.scan(unroll=True)` would still lower a `while` of one turn: the program exported for a GPU
+    holds one loop fewer than the scanned one (the others are the stacked layers' scans)."""
+    import functools
+
+    from ssd_jax.draft.model_chain import draft_paths
+    from ssd_jax.sampling import SamplingParams
+
+    config = _config()
+    params = init_params(config, jax.random.PRNGKey(3))
+    args = dict(cache=init_cache(config, 2, 16), chunk=jnp.ones((2, 1), jnp.int32), chunk_len=jnp.ones((2,), jnp.int32),
+                keys=jax.random.split(jax.random.PRNGKey(0), 2))
+    loops = {}
+    for unroll in (False, True):
+        drafting = jax.jit(functools.partial(draft_paths, config=config, num_draft_tokens=num_draft_tokens,
+                                             sampling=SamplingParams(temperature=1.0), target_vocab=config.vocab_size,
+                                             unroll=unroll))
+        text = jax.export.export(drafting, platforms=["cuda"])(params, **args).mlir_module()
+        loops[unroll] = text.count("stablehlo.while")
+    assert loops[True] == loops[False] - 1

@@ -70,6 +70,29 @@ def test_point_tree_loops_only_in_cpu_programs():
         assert ("stablehlo.while" in text) == has_loop, platform
 
 
+@pytest.mark.parametrize("n_paths, n_draft", [(1, 3), (3, 1), (1, 1)])
+@pytest.mark.parametrize("name", sorted(VERIFIERS))
+def test_one_step_loops_are_unrolled_too(name, n_paths, n_draft):
+    """One path (SpecInfer's candidates) or one depth (the walk, GBV's selection): `lax.scan` with
+    `unroll=True` over one step lowers to a `while` of one turn, which the GPU and TPU programs
+    must not hold either."""
+    core, _ = VERIFIERS[name]
+    paths = jnp.zeros((2, n_paths, n_draft), jnp.int32)
+    q = jnp.full((2, n_paths, n_draft, V), 1.0 / V)
+    p = jnp.full((2, n_paths, n_draft + 1, V), 1.0 / V)
+    for platform in ("cuda", "tpu"):
+        text = jax.export.export(core, platforms=[platform])(jax.random.key(0), paths, q, p).mlir_module()
+        assert "stablehlo.while" not in text, platform
+
+
+def test_point_tree_of_a_root_alone_has_no_loop_off_cpu():
+    """A tree of the root alone: the walk's one step written out too (no one-turn `while`)."""
+    verify_tree = jax.jit(lambda key, t, v, pp: point_tree_mod.point_mass_tree(key, t, v, np.array([-1]), pp, greedy=False))
+    args = (jax.random.key(0), jnp.zeros((2, 1), jnp.int32), jnp.ones((2, 1), bool), jnp.full((2, 1, V), 1.0 / V))
+    for platform in ("cuda", "tpu"):
+        assert "stablehlo.while" not in jax.export.export(verify_tree, platforms=[platform])(*args).mlir_module(), platform
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("name", sorted(VERIFIERS))
 def test_unrolled_verdicts_equal_the_loops(name, seed):

@@ -11,6 +11,7 @@ from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit
 from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities, sample
+from ssd_jax.verify._unroll import scan_unroll
 
 
 def catch_up(params: dict, config: ModelConfig, cache: KVCache, chunk: jax.Array,
@@ -66,7 +67,8 @@ def draft_paths(
         return extend(params, config, cache, token), (token, q)
 
     (logits, cache), (tokens, qs) = jax.lax.scan(
-        step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32), unroll=unroll
+        step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32),
+        unroll=scan_unroll(unroll, num_draft_tokens - 1),
     )
     q_last = probs_of(logits)
     last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax.verify._common import first_true, row_keys, sample_from_weights
+from ssd_jax.verify._unroll import scan_unroll
 from ssd_jax.verify.result import VerifyResult
 
 # node_rule(p [V], q [V], candidates int32 [K], alive bool [K], *, unrolled: bool)
@@ -53,7 +54,8 @@ def walk_row(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False):
 
     init = (jnp.ones((n_paths,), bool), jnp.asarray(False), jnp.asarray(0, jnp.int32),
             jnp.zeros_like(p[0, 0]))
-    (alive, stopped, n, stop_weights), _ = jax.lax.scan(step, init, jnp.arange(n_draft), unroll=unrolled)
+    (alive, stopped, n, stop_weights), _ = jax.lax.scan(step, init, jnp.arange(n_draft),
+                                                        unroll=scan_unroll(unrolled, n_draft))
     rep = first_true(alive)
     bonus = p[rep, n_draft]
     y = sample_from_weights(k_token, jnp.where(stopped, stop_weights, bonus), fallback=p[rep, n])

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys
 from ssd_jax.verify._order import cdf_before, order_key
-from ssd_jax.verify._unroll import rolled_on_cpu
+from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
 from ssd_jax.verify.block import block_row
 from ssd_jax.verify.result import VerifyResult
 
@@ -64,7 +64,8 @@ def _select_and_skew_row(paths, q, p, *, unrolled: bool = False):
         return (alive & (candidates == x_star), t), (x_star, q_tilde, p_i)
 
     init = (jnp.ones((n_paths,), bool), jnp.zeros((), p.dtype))
-    (alive, _), (x_star, q_tilde, p_star) = jax.lax.scan(step, init, jnp.arange(n_draft), unroll=unrolled)
+    (alive, _), (x_star, q_tilde, p_star) = jax.lax.scan(
+        step, init, jnp.arange(n_draft), unroll=scan_unroll(unrolled, n_draft))
     k_star = first_true(alive)
     p_star = jnp.concatenate([p_star, p[k_star, n_draft][None]], axis=0)
     return k_star, x_star.astype(jnp.int32), q_tilde, p_star

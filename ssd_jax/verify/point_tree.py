@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.verify._common import argmax_first, first_true, leading_true_count, row_keys, sample_from_weights
-from ssd_jax.verify._unroll import rolled_on_cpu
+from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
 
 
 class TreeVerdict(NamedTuple):
@@ -47,7 +47,8 @@ def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool, unro
 
     init = (jnp.asarray(0, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
     # A leaf has no children, so the walk always stops by iteration max_depth (index max_depth).
-    (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1), unroll=unrolled)
+    (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1),
+                                              unroll=scan_unroll(unrolled, max_depth + 1))
     nodes = jnp.concatenate([jnp.zeros((1,), jnp.int32), visited[:max_depth]])
     nodes = jnp.where(jnp.arange(max_depth + 1) <= n, nodes, 0)
     return n, nxt, nodes
