@@ -46,28 +46,41 @@ VERIFIERS = {
 }
 
 
+def _loops(fn, platform: str, *args) -> int:
+    """The `while` loops of fn's program exported for platform."""
+    return jax.export.export(jax.jit(fn), platforms=[platform])(*args).mlir_module().count("stablehlo.while")
+
+
 @pytest.mark.parametrize("name", sorted(VERIFIERS))
 def test_loops_only_in_cpu_programs(name):
     """The GPU and TPU programs hold no `while` (XLA:GPU reads each turn's predicate back to the
-    host); the CPU program keeps its loops. Exported per platform, so no accelerator is needed."""
-    core, _ = VERIFIERS[name]
+    host); the CPU program keeps its loops. Exported per platform, so no accelerator is needed.
+    A CPU program holds loops of its own besides (XLA:CPU's threefry is one), so the CPU program
+    is compared with the same verifier's loops and with it written out."""
+    core, rows = VERIFIERS[name]
     paths, q, p = _multi_inputs(0)
     args = (jax.random.key(0), paths, q, p)
-    text = {platform: jax.export.export(core, platforms=[platform])(*args).mlir_module()
-            for platform in ("cpu", "cuda", "tpu")}
-    assert "stablehlo.while" in text["cpu"]
-    assert "stablehlo.while" not in text["cuda"]
-    assert "stablehlo.while" not in text["tpu"]
+    assert _loops(core, "cpu", *args) == _loops(functools.partial(rows, unrolled=False), "cpu", *args)
+    assert _loops(core, "cpu", *args) > _loops(functools.partial(rows, unrolled=True), "cpu", *args)
+    assert _loops(core, "cuda", *args) == 0
+    assert _loops(core, "tpu", *args) == 0
 
 
 def test_point_tree_loops_only_in_cpu_programs():
     tokens = jnp.zeros((2, PARENTS.size), jnp.int32)
     valid = jnp.ones((2, PARENTS.size), bool)
     p = jnp.full((2, PARENTS.size, V), 1.0 / V)
-    verify_tree = jax.jit(lambda key, t, v, pp: point_tree_mod.point_mass_tree(key, t, v, PARENTS, pp, greedy=False))
-    for platform, has_loop in (("cpu", True), ("cuda", False), ("tpu", False)):
-        text = jax.export.export(verify_tree, platforms=[platform])(jax.random.key(0), tokens, valid, p).mlir_module()
-        assert ("stablehlo.while" in text) == has_loop, platform
+    args = (jax.random.key(0), tokens, valid, p)
+    verify_tree = lambda key, t, v, pp: point_tree_mod.point_mass_tree(key, t, v, PARENTS, pp, greedy=False)
+
+    def walk_rows(key, t, v, pp, *, unrolled):
+        row = functools.partial(point_tree_mod._walk_row, max_depth=3, greedy=False, unrolled=unrolled)
+        return jax.vmap(row, in_axes=(0, 0, 0, 0, None))(row_keys(key, t.shape[0]), t, v, pp, jnp.asarray(PARENTS))
+
+    assert _loops(verify_tree, "cpu", *args) > _loops(functools.partial(walk_rows, unrolled=True), "cpu", *args)
+    assert _loops(verify_tree, "cpu", *args) == _loops(functools.partial(walk_rows, unrolled=False), "cpu", *args)
+    assert _loops(verify_tree, "cuda", *args) == 0
+    assert _loops(verify_tree, "tpu", *args) == 0
 
 
 @pytest.mark.parametrize("n_paths, n_draft", [(1, 3), (3, 1), (1, 1)])
