@@ -42,7 +42,9 @@ def spectr_rho(p, q, k, *, unrolled: bool = False):
     SEARCH_ROUNDS rounds each evaluate SEARCH_POINTS evenly spaced points at once and keep the
     part between the last point still too low and the first that is not: the same dyadic points
     as four bisection steps, so the same final bracket, in a quarter of the sequential steps
-    (`ssd_jax.verify._unroll`)."""
+    (`ssd_jax.verify._unroll`), wherever the computed excess changes sign once. Where rounding
+    leaves it near zero over a range of rho (p close to q), the two may end in different parts of
+    that range, each on a point that is not too low."""
     p_row, q_row = p[None, :], q[None, :]
 
     def excess(rho):   # rho [N] -> [N]: > 0 where rho is too low
