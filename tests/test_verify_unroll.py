@@ -111,8 +111,7 @@ def test_point_tree_of_a_root_alone_has_no_loop_off_cpu():
 def test_unrolled_verdicts_equal_the_loops(name, seed):
     """Same key, same inputs: the unrolled form returns the loop's verdict row for row. (SpecTr's
     rho* may differ in its last float bits between the two searches; a verdict could flip only
-    for a uniform within those bits of its threshold, which these seeds do not draw. Where target
-    and draft nearly agree the two rho* can differ far more, `ssd_jax.verify._unroll`.)"""
+    for a uniform within those bits of its threshold, which these seeds do not draw.)"""
     _, rows = VERIFIERS[name]
     paths, q, p = _multi_inputs(seed)
     key = jax.random.key(seed)

@@ -8,11 +8,11 @@ more than the target's forward on an H200 (embedded pair, bf16, T=1, batch 1, 2 
 L=4 ran 0.54x AR where SpecInfer's L=4 ran 1.12x, 2026-11-30). Elsewhere than on CPU these loops
 are therefore unrolled into straight-line code and SpecTr's search evaluates 15 points a round
 (`ssd_jax.verify.spectr.spectr_rho`); on CPU, where a loop turn costs nothing and the extra points
-cost compute, they stay loops. Both forms compute the same values, save SpecTr's rho*: the two
-searches agree to a few float ulps where the sign of p_acc(rho) - rho beta(rho) is resolved, but
-where rounding leaves it near zero over a range of rho (target close to draft, several candidates:
-rho* 0.13 apart in float32 at k = 8, 0.01 in float64) each stops somewhere in that range. Both
-rho satisfy p_acc <= rho beta to rounding, so both verifiers are exact; one key's verdicts differ."""
+cost compute, they stay loops. Both forms compute the same values, SpecTr's rho* to the rounding
+of its balance equation: in float32 within 5e-7 over random and near-equal target and draft
+laws (k = 2-8), 3e-4 relative where they barely overlap (beta ~ 1e-4: the balance is flat near
+rho* = k), both on its exact side to rounding. A verdict differs only where a uniform falls that
+close to its threshold."""
 
 from __future__ import annotations
 

@@ -26,10 +26,6 @@ SEARCH_POINTS = 15     # the unrolled search's points a round: 16 parts, 4 bisec
 SEARCH_ROUNDS = BISECTION_STEPS // 4   # the same final bracket as the bisection
 
 
-def _beta(p, q, rho):
-    return jnp.sum(jnp.minimum(p * (1 / rho), q), axis=-1)
-
-
 def _p_acc(beta, k):
     return 1 - jnp.power(jnp.clip(1 - beta, 0, 1), k)
 
@@ -42,14 +38,21 @@ def spectr_rho(p, q, k, *, unrolled: bool = False):
     SEARCH_ROUNDS rounds each evaluate SEARCH_POINTS evenly spaced points at once and keep the
     part between the last point still too low and the first that is not: the same dyadic points
     as four bisection steps, so the same final bracket, in a quarter of the sequential steps
-    (`ssd_jax.verify._unroll`), wherever the computed excess changes sign once. Where rounding
-    leaves it near zero over a range of rho (p close to q), the two may end in different parts of
-    that range, each on a point that is not too low."""
+    (`ssd_jax.verify._unroll`).
+
+    The excess p_acc - rho beta is computed from S = sum (p / rho - q)_+ as
+    rho S - (S + 1 - 1 / rho)^k: for laws that sum to 1, 1 - rho beta = rho S and
+    1 - beta = S + 1 - 1 / rho, sums of non-negative terms with nothing cancelling, and the excess
+    strictly decreases in rho. Computed as 1 - (1 - beta)^k - rho beta, it cancelled to
+    rounding noise where p is close to q (rho* = 1 for p = q): the bisection then followed the
+    noise and stopped as high as 1.13 at k = 8 (float32), accepting each candidate with
+    probability 1 / rho instead of 1; exact still, but 11% fewer acceptances at such a node."""
     p_row, q_row = p[None, :], q[None, :]
 
     def excess(rho):   # rho [N] -> [N]: > 0 where rho is too low
-        beta = _beta(p_row, q_row, rho[:, None])
-        return _p_acc(beta, k) - rho * beta
+        inverse = 1 / rho
+        surplus = jnp.sum(jnp.maximum(p_row * inverse[:, None] - q_row, 0), axis=-1)   # S
+        return rho * surplus - jnp.power(jnp.clip(surplus + (1 - inverse), 0, 1), k)
 
     lo, hi = jnp.ones((), p.dtype), jnp.maximum(k, 1).astype(p.dtype)
     if not unrolled:
