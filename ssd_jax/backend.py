@@ -79,8 +79,9 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   SpecInfer's, the same walk without the bisection, ran 1.09/1.16/1.12x: each `while_loop` turn
   is a read back to the host. Off CPU these loops are unrolled and SpecTr's search takes 15
   points a round (6 rounds, the same final bracket); on CPU, where turns are free and the extra
-  points cost compute (a SpecTr verification at batch 8, L=8, 2 paths, V=4096: 6.5 ms with the
-  15-point search against 2.4 ms bisecting), the loops stay. Not yet timed on a GPU or TPU.
+  points cost compute (a SpecTr verification at batch 8, L=8, 2 paths, V=4096: 9.4 ms unrolled
+  with the 15-point search against 3.3 ms in loops, bisecting), the loops stay. Not yet timed on
+  a GPU or TPU.
 - Drafting: a draft model's fixed-length drafting (SD, BV, SpecInfer, SpecTr, GBV) runs its L - 1
   forwards in a `lax.scan` everywhere; `unroll_draft_steps` writes them out instead, which on
   XLA:GPU would spare L - 1 host reads a step (as the verifiers' loops, above). On CPU it changes
