@@ -70,15 +70,16 @@ def check_single(draft_tokens, q, p) -> tuple[int, int, int]:
 
 def draft_lengths(lengths, draft_tokens) -> jax.Array:
     """Per-row proposed lengths int32 [B] for a single-path verifier: None -> all L; else checked
-    (shape [B], integer; values in [0, L] are trusted, they come from the decode loop)."""
+    (shape [B], integer; values in [0, L] are trusted, they come from the decode loop), placed over
+    the batch as draft_tokens is (`rows_like`)."""
     b, l = draft_tokens.shape
     if lengths is None:
-        return jnp.full((b,), l, jnp.int32)
+        return rows_like(jnp.full((b,), l, jnp.int32), draft_tokens)
     lengths = jnp.asarray(lengths)
     if lengths.shape != (b,) or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise InputError(f"lengths must be integers [B] = [{b}] (draft tokens proposed per row), "
                          f"got shape {_shape(lengths)} {lengths.dtype}")
-    return jnp.clip(lengths.astype(jnp.int32), 0, l)
+    return rows_like(jnp.clip(lengths.astype(jnp.int32), 0, l), draft_tokens)
 
 
 def check_multi(paths, q, p) -> tuple[int, int, int, int]:
@@ -182,9 +183,57 @@ def sample_from_weights(key, weights, fallback):
     return chunk * _CHUNK + within
 
 
-def row_keys(key, batch: int):
-    """One independent key per batch row."""
-    return jax.random.split(key, batch)
+def row_keys(key, batch: int, like=None):
+    """One independent key per batch row; like: an input whose axis 0 is the batch, the keys
+    then placed as its rows are (`rows_like`)."""
+    return rows_like(jax.random.split(key, batch), like)
+
+
+def rows_like(x, like):
+    """x (axis 0: the batch), the same values, sharded over the batch as `like` is.
+
+    Under a mesh with Explicit axes (`jax.make_mesh`'s default) an input sharded over the batch
+    carries that sharding in its type, and `jax.vmap` requires every mapped input to be sharded
+    alike over the mapped axis: arrays the verifiers build themselves (per-row keys split from
+    one key, default lengths, broadcast parents) are replicated, so they are resharded to the
+    batch's axes. Elsewhere (Auto meshes, `jax.shard_map`, one device, like None) x is returned
+    as it is."""
+    typeof = getattr(jax, "typeof", None)
+    if like is None or typeof is None:
+        return x
+    sharding = getattr(typeof(like), "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    if not spec or spec[0] is None:
+        return x
+    target = jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(spec[0]))
+    return jax.sharding.reshard(x, target)
+
+
+def typed_like(x, *refs):
+    """x (a pytree), the same values, typed as a value computed from refs is: mapped where refs
+    are mapped (`jax.vmap`), device-varying over every manual mesh axis that any of refs varies
+    over (`jax.shard_map`), sharded over the batch where refs are (Explicit mesh axes).
+
+    Values built from constants (`jnp.ones(...)`, `jnp.arange(...)`) have none of these types,
+    and three checks reject them where they meet values computed from the inputs:
+    - inside `jax.shard_map` (check_vma) a loop's carry must enter a `scan` or `fori_loop` with
+      the type its body returns, device-varying when the body reads a varying input;
+    - under `jax.vmap` over a batch sharded over Explicit mesh axes, a loop's batching rule gives
+      an unmapped initial carry the batch's sharding against a constant's empty mesh ("Resource
+      axis ... not found in mesh: ()", jax 0.10.2);
+    - there, too, indexing an unmapped array with mapped indices cannot choose the gather's
+      output sharding ("Use `.at[...].get(out_sharding=)`").
+    The anchor, a bool read from each ref, carries those types; a select between equal operands
+    carries them to x, whatever the anchor holds. XLA folds the select (its operands are equal)
+    and drops the anchor; x's values are unchanged everywhere."""
+    anchor = jnp.zeros((), bool)
+    for ref in refs:
+        ref = jnp.asarray(ref)
+        if jnp.issubdtype(ref.dtype, jax.dtypes.prng_key):
+            ref = jax.random.key_data(ref)
+        first = jnp.ravel(ref)[0]
+        anchor = anchor | (first != first)
+    return jax.tree.map(lambda leaf: jnp.where(anchor, leaf, leaf), x)
 
 
 def argmax_first(x):

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax.backend import per_platform
+from ssd_jax.verify._common import typed_like
 
 
 def order_key(p, q):
@@ -61,7 +62,7 @@ def _radix_order(keys):
     pos_bits = max(1, (v - 1).bit_length())
     digit_bits = 32 - pos_bits
     positions = jnp.arange(v, dtype=jnp.uint32)
-    order = jnp.arange(v, dtype=jnp.int32)
+    order = typed_like(jnp.arange(v, dtype=jnp.int32), keys)   # indexed by values read from keys
     for shift in range(0, key_bits, digit_bits):
         width = min(digit_bits, key_bits - shift)
         digit = ((keys[order] >> shift) & ((1 << width) - 1)).astype(jnp.uint32)

@@ -21,7 +21,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.verify._common import first_true, row_keys, sample_from_weights
+from ssd_jax.verify._common import first_true, row_keys, sample_from_weights, typed_like
 from ssd_jax.verify._unroll import scan_unroll
 from ssd_jax.verify.result import VerifyResult
 
@@ -52,8 +52,8 @@ def walk_row(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False):
         stop_weights = jnp.where(stop_here, residual, stop_weights)
         return (alive, stopped | stop_here, n + descend.astype(jnp.int32), stop_weights), None
 
-    init = (jnp.ones((n_paths,), bool), jnp.asarray(False), jnp.asarray(0, jnp.int32),
-            jnp.zeros_like(p[0, 0]))
+    init = typed_like((jnp.ones((n_paths,), bool), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+                       jnp.zeros_like(p[0, 0])), paths, q, p, u)
     (alive, stopped, n, stop_weights), _ = jax.lax.scan(step, init, jnp.arange(n_draft),
                                                         unroll=scan_unroll(unrolled, n_draft))
     rep = first_true(alive)
@@ -65,5 +65,5 @@ def walk_row(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False):
 def walk(node_rule: NodeRule, key, paths, q, p, *, unrolled: bool = False) -> VerifyResult:
     """Batched walk: paths int32 [B, K, L], q [B, K, L, V], p [B, K, L+1, V]."""
     row = lambda k, x, qq, pp: walk_row(node_rule, k, x, qq, pp, unrolled=unrolled)
-    n, y, k = jax.vmap(row)(row_keys(key, paths.shape[0]), paths, q, p)
+    n, y, k = jax.vmap(row)(row_keys(key, paths.shape[0], like=paths), paths, q, p)
     return VerifyResult(n, y, k)

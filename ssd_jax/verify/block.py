@@ -91,7 +91,7 @@ def block_row(key, draft, q, p, length=None):
 
 @jax.jit
 def _block_core(key, draft_tokens, q, p, lengths):
-    n, y = jax.vmap(block_row)(row_keys(key, draft_tokens.shape[0]), draft_tokens, q, p, lengths)
+    n, y = jax.vmap(block_row)(row_keys(key, draft_tokens.shape[0], like=draft_tokens), draft_tokens, q, p, lengths)
     return VerifyResult(n, y, jnp.zeros_like(n))
 
 

@@ -24,7 +24,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys
+from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys, typed_like
 from ssd_jax.verify._order import cdf_before, order_key
 from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
 from ssd_jax.verify.block import block_row
@@ -63,7 +63,7 @@ def _select_and_skew_row(paths, q, p, *, unrolled: bool = False):
             t = jnp.where(den > 0, a[x_star] / jnp.where(den > 0, den, 1), 0)
         return (alive & (candidates == x_star), t), (x_star, q_tilde, p_i)
 
-    init = (jnp.ones((n_paths,), bool), jnp.zeros((), p.dtype))
+    init = typed_like((jnp.ones((n_paths,), bool), jnp.zeros((), p.dtype)), paths, q, p)
     (alive, _), (x_star, q_tilde, p_star) = jax.lax.scan(
         step, init, jnp.arange(n_draft), unroll=scan_unroll(unrolled, n_draft))
     k_star = first_true(alive)
@@ -96,7 +96,7 @@ def _gbv_row(key, paths, q, p, *, unrolled: bool):
 def _gbv_core(key, paths, q, p):
     rows = lambda keys, x, qq, pp, *, unrolled: jax.vmap(
         functools.partial(_gbv_row, unrolled=unrolled))(keys, x, qq, pp)
-    return VerifyResult(*rolled_on_cpu(rows, row_keys(key, paths.shape[0]), paths, q, p))
+    return VerifyResult(*rolled_on_cpu(rows, row_keys(key, paths.shape[0], like=paths), paths, q, p))
 
 
 def gbv(key, paths, q, p) -> VerifyResult:

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.verify._common import argmax_first, first_true, leading_true_count, row_keys, sample_from_weights
+from ssd_jax.verify._common import (argmax_first, first_true, leading_true_count, row_keys, rows_like,
+                                    sample_from_weights, typed_like)
 from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
 
 
@@ -45,7 +46,8 @@ def _walk_row(key, tokens, valid, p, parents, max_depth: int, greedy: bool, unro
         carry = (node, stopped | stop_here, n + descend.astype(jnp.int32), jnp.where(stop_here, y, nxt))
         return carry, node
 
-    init = (jnp.asarray(0, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32), jnp.asarray(0, jnp.int32))
+    init = typed_like((jnp.asarray(0, jnp.int32), jnp.asarray(False), jnp.asarray(0, jnp.int32),
+                       jnp.asarray(0, jnp.int32)), tokens, valid, p, parents, keys)
     # A leaf has no children, so the walk always stops by iteration max_depth (index max_depth).
     (_, _, n, nxt), visited = jax.lax.scan(step, init, jnp.arange(max_depth + 1),
                                               unroll=scan_unroll(unrolled, max_depth + 1))
@@ -66,12 +68,13 @@ def point_mass_tree(key, tokens, valid, parents, p, *, greedy: bool) -> TreeVerd
     tokens = jnp.asarray(tokens, jnp.int32)
     b, n_nodes = tokens.shape
     parents_arr = np.asarray(parents) if not isinstance(parents, jax.Array) else parents
-    parents_b = jnp.broadcast_to(jnp.asarray(parents_arr, jnp.int32), (b, n_nodes))
+    parents_b = rows_like(jnp.broadcast_to(jnp.asarray(parents_arr, jnp.int32), (b, n_nodes)), tokens)
     static = isinstance(parents_arr, np.ndarray) and parents_arr.ndim == 1
     max_depth = _max_depth(parents_arr) if static else n_nodes - 1
     rows = lambda *args, unrolled: jax.vmap(
         lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy, unrolled))(*args)
-    return TreeVerdict(*rolled_on_cpu(rows, row_keys(key, b), tokens, jnp.asarray(valid, bool), p, parents_b))
+    valid = rows_like(jnp.asarray(valid, bool), tokens)
+    return TreeVerdict(*rolled_on_cpu(rows, row_keys(key, b, like=tokens), tokens, valid, p, parents_b))
 
 
 def _chain_row(key, tokens, valid, p, greedy: bool):
@@ -94,7 +97,7 @@ def point_mass_chain(key, tokens, valid, p, *, greedy: bool) -> TreeVerdict:
     [B, D+1, V]."""
     tokens = jnp.asarray(tokens, jnp.int32)
     n, nxt, nodes = jax.vmap(lambda k, t, v, pp: _chain_row(k, t, v, pp, greedy))(
-        row_keys(key, tokens.shape[0]), tokens, jnp.asarray(valid, bool), p)
+        row_keys(key, tokens.shape[0], like=tokens), tokens, rows_like(jnp.asarray(valid, bool), tokens), p)
     return TreeVerdict(n, nxt, nodes)
 
 

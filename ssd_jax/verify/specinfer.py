@@ -14,7 +14,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.verify._common import accept_prob, as_probs, check_multi, normalize_or, positive_part
+from ssd_jax.verify._common import (accept_prob, as_probs, check_multi, normalize_or, positive_part,
+                                    typed_like)
 from ssd_jax.verify._tree_walk import walk
 from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
 from ssd_jax.verify.result import VerifyResult
@@ -34,7 +35,7 @@ def specinfer_node(p, q, candidates, alive, *, unrolled: bool = False):
         p_next = normalize_or(positive_part(p_cur - q), p_cur)
         return jnp.where(alive[j], p_next, p_cur), jnp.where(alive[j], a, 0)
 
-    residual, accept = jax.lax.scan(body, p, jnp.arange(candidates.shape[0]),
+    residual, accept = jax.lax.scan(body, typed_like(p, q, candidates, alive), jnp.arange(candidates.shape[0]),
                                     unroll=scan_unroll(unrolled, candidates.shape[0]))
     return accept, residual
 

@@ -16,7 +16,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.verify._common import accept_prob, as_probs, check_multi, positive_part
+from ssd_jax.verify._common import accept_prob, as_probs, check_multi, positive_part, typed_like
 from ssd_jax.verify._tree_walk import walk
 from ssd_jax.verify._unroll import rolled_on_cpu
 from ssd_jax.verify.result import VerifyResult
@@ -54,7 +54,7 @@ def spectr_rho(p, q, k, *, unrolled: bool = False):
         surplus = jnp.sum(jnp.maximum(p_row * inverse[:, None] - q_row, 0), axis=-1)   # S
         return rho * surplus - jnp.power(jnp.clip(surplus + (1 - inverse), 0, 1), k)
 
-    lo, hi = jnp.ones((), p.dtype), jnp.maximum(k, 1).astype(p.dtype)
+    lo, hi = typed_like((jnp.ones((), p.dtype), jnp.maximum(k, 1).astype(p.dtype)), p, q, k)
     if not unrolled:
         def body(_, bracket):
             lo, hi = bracket

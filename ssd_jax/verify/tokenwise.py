@@ -60,7 +60,7 @@ def _row(key, draft, q, p, length):
 
 @jax.jit
 def _tokenwise_core(key, draft_tokens, q, p, lengths):
-    n, y = jax.vmap(_row)(row_keys(key, draft_tokens.shape[0]), draft_tokens, q, p, lengths)
+    n, y = jax.vmap(_row)(row_keys(key, draft_tokens.shape[0], like=draft_tokens), draft_tokens, q, p, lengths)
     return VerifyResult(n, y, jnp.zeros_like(n))
 
 
