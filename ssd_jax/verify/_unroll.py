@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
+import jax
+
 from ssd_jax.backend import per_platform
 
 
@@ -33,3 +35,10 @@ def rolled_on_cpu(fn: Callable, *args):
     """fn(*args, unrolled=False) in programs compiled for CPU, fn(*args, unrolled=True) elsewhere."""
     return per_platform(*args, cpu=functools.partial(fn, unrolled=False),
                         default=functools.partial(fn, unrolled=True))
+
+
+def rows_rolled_on_cpu(row_fn: Callable, *args):
+    """`jax.vmap(row_fn)(*args)` (axis 0 of every arg: the batch), row_fn taking `unrolled` as
+    `rolled_on_cpu` chooses it."""
+    rows = lambda *a, unrolled: jax.vmap(functools.partial(row_fn, unrolled=unrolled))(*a)
+    return rolled_on_cpu(rows, *args)

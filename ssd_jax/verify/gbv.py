@@ -19,14 +19,12 @@ With K = 1, q~ = q and X* is the only path, so gbv returns block's verdict for t
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys, typed_like
 from ssd_jax.verify._order import cdf_before, order_key
-from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
+from ssd_jax.verify._unroll import rows_rolled_on_cpu, scan_unroll
 from ssd_jax.verify.block import block_row
 from ssd_jax.verify.result import VerifyResult
 
@@ -79,9 +77,7 @@ def skewed_draft(paths, q, p):
     Returns (path_index int32 [B]: lowest index of a path equal to X*,
              x_star int32 [B, L], q_tilde [B, L, V]: law of X* given its prefix,
              p_star [B, L+1, V]: target rows along X*)."""
-    select = lambda x, qq, pp, *, unrolled: jax.vmap(
-        functools.partial(_select_and_skew_row, unrolled=unrolled))(x, qq, pp)
-    return rolled_on_cpu(select, paths.astype(jnp.int32), q, p)
+    return rows_rolled_on_cpu(_select_and_skew_row, paths.astype(jnp.int32), q, p)
 
 
 def _gbv_row(key, paths, q, p, *, unrolled: bool):
@@ -94,9 +90,7 @@ def _gbv_row(key, paths, q, p, *, unrolled: bool):
 
 @jax.jit
 def _gbv_core(key, paths, q, p):
-    rows = lambda keys, x, qq, pp, *, unrolled: jax.vmap(
-        functools.partial(_gbv_row, unrolled=unrolled))(keys, x, qq, pp)
-    return VerifyResult(*rolled_on_cpu(rows, row_keys(key, paths.shape[0], like=paths), paths, q, p))
+    return VerifyResult(*rows_rolled_on_cpu(_gbv_row, row_keys(key, paths.shape[0], like=paths), paths, q, p))
 
 
 def gbv(key, paths, q, p) -> VerifyResult:

@@ -10,6 +10,7 @@ longest branch that follows the target's argmax chain.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -18,7 +19,7 @@ import numpy as np
 
 from ssd_jax.verify._common import (argmax_first, first_true, leading_true_count, row_keys, rows_like,
                                     sample_from_weights, typed_like)
-from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
+from ssd_jax.verify._unroll import rows_rolled_on_cpu, scan_unroll
 
 
 class TreeVerdict(NamedTuple):
@@ -71,10 +72,9 @@ def point_mass_tree(key, tokens, valid, parents, p, *, greedy: bool) -> TreeVerd
     parents_b = rows_like(jnp.broadcast_to(jnp.asarray(parents_arr, jnp.int32), (b, n_nodes)), tokens)
     static = isinstance(parents_arr, np.ndarray) and parents_arr.ndim == 1
     max_depth = _max_depth(parents_arr) if static else n_nodes - 1
-    rows = lambda *args, unrolled: jax.vmap(
-        lambda k, t, v, pp, par: _walk_row(k, t, v, pp, par, max_depth, greedy, unrolled))(*args)
+    row = functools.partial(_walk_row, max_depth=max_depth, greedy=greedy)
     valid = rows_like(jnp.asarray(valid, bool), tokens)
-    return TreeVerdict(*rolled_on_cpu(rows, row_keys(key, b, like=tokens), tokens, valid, p, parents_b))
+    return TreeVerdict(*rows_rolled_on_cpu(row, row_keys(key, b, like=tokens), tokens, valid, p, parents_b))
 
 
 def _chain_row(key, tokens, valid, p, greedy: bool):
