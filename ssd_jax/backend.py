@@ -19,6 +19,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
 | `adaptive_scan_from_batch` (SD "auto": one compiled step per cap from this batch) | 1 | 1 | 2 |
 | `adaptive_per_call_below_rows` (synchronous methods' "auto" below this many rows: a fixed program chosen per call) | - | 2 | - |
 | `unroll_draft_steps` (a draft model's fixed-length drafting: its L - 1 forwards as straight-line code, not a `lax.scan`) | no | no | no |
+| `warm_new_programs` (a program compiled or loaded for a call runs once apart before the call's own run, reported with its compile time) | no | yes | no |
 | verifiers' small loops (multi-path walk, SpecInfer's candidates, GBV's selection, SpecTr's rho* search, tree walk; chosen when lowered, `ssd_jax.verify._unroll`) | loops | unrolled | unrolled |
 
 - float32 on CPU: XLA:CPU has no fast bf16 matmul on most hosts, and the CPU tests are exact in f32.
@@ -88,6 +89,22 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   nothing measurable (SD, T=0, batch 1, 4 prompts x 128 tokens, fastest of 3: scan over unrolled
   1.003 / 0.983 / 1.008 at L = 2 / 4 / 8, 2026-11-30). Off until timed on a GPU
   (`bench_adaptive.py --policy unroll_draft_steps=true` against the default).
+- First runs: an executable's first run costs more than its later ones. On an H200 (per-call
+  "auto" at batch 1, SpecInfer and SpecTr at T=0, 2026-11-30, `adaptive_gpu_h200_*_percall5.json`'s
+  call traces) a newly compiled program's first call took 30-40 ms where its later calls on the
+  same prompt took 12-24 ms: "auto" pays that on each program it tries (two or three in its first
+  calls), which held it to 0.82-0.88 of the best fixed length (whose first run the benchmark's
+  untimed first call takes) where its fastest of 3 rounds ran 0.95-1.10 of that length's fastest.
+  The same on a 2-core Xeon VM with per-call "auto" forced (SpecTr, T=0, batch 1): compiling
+  calls took 207-223 ms against 80-100 ms for later calls; warmed, they took 80-109 ms and "auto"
+  ran 2.25x and 1.94x AR on code and badguess against 2.04x and 1.57x
+  (`adaptive_spectr_b1_t0_percall_warm_{off,on}_xeon.json`).
+  Off CPU such a program runs once on its call's inputs before the call's own run
+  (`generate._first_run_s`; one more decode on top of a 1-11 s compile), so a call's wall time is
+  a steady run's and per-call "auto" prices the program it tried on that call. On CPU, where
+  "auto" is the adaptive loop (whose calibration runs its program first) and a fixed program's
+  extra run would add a whole decode to a short command line's first call (0.2-1 s on 2 cores),
+  the first run stays in the call. Not yet timed on a GPU.
 - LogitSpec's tree: on CPU the target forward is compute-bound, so every node costs (8 nodes:
   1.49x AR, 64: 0.48x on held-out code); on an H100 16 nodes beat 64 (1.96x vs 1.63x AR, T=0),
   and on an H200 too (1.63x vs 1.55x, 2026-11-28): building and verifying the tree grow with its
@@ -131,6 +148,7 @@ class Policy:
     adaptive_scan_from_batch: int = 2
     adaptive_per_call_below_rows: int = 0
     unroll_draft_steps: bool = False
+    warm_new_programs: bool = False
 
 
 POLICIES = {
@@ -139,7 +157,7 @@ POLICIES = {
     "gpu": Policy("gpu", dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn",
                   decode_attention="xla", logitspec_tree_size=16, fused_prefill_min_tokens=256,
                   min_decode_rows=2, adaptive_steps_per_check=4, adaptive_switch_per_step=False,
-                  adaptive_scan_from_batch=1, adaptive_per_call_below_rows=2),
+                  adaptive_scan_from_batch=1, adaptive_per_call_below_rows=2, warm_new_programs=True),
     "tpu": Policy("tpu", dtype="bfloat16", unroll_layers=True, prefill_attention="xla",
                   decode_attention="pallas", logitspec_tree_size=64, fused_prefill_min_tokens=256),
 }

@@ -25,11 +25,14 @@ PACKAGE = os.path.dirname(os.path.abspath(ssd_jax.__file__))
 
 DOCUMENTED = {
     "cpu": dict(dtype="float32", unroll_layers=True, prefill_attention="reference", decode_attention="reference",
-                logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1, unroll_draft_steps=False),
+                logitspec_tree_size=8, fused_prefill_min_tokens=0, min_decode_rows=1, unroll_draft_steps=False,
+                warm_new_programs=False),
     "gpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="cudnn", decode_attention="xla",
-                logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2, unroll_draft_steps=False),
+                logitspec_tree_size=16, fused_prefill_min_tokens=256, min_decode_rows=2, unroll_draft_steps=False,
+                warm_new_programs=True),
     "tpu": dict(dtype="bfloat16", unroll_layers=True, prefill_attention="xla", decode_attention="pallas",
-                logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1, unroll_draft_steps=False),
+                logitspec_tree_size=64, fused_prefill_min_tokens=256, min_decode_rows=1, unroll_draft_steps=False,
+                warm_new_programs=False),
 }
 
 

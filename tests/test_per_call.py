@@ -138,6 +138,37 @@ def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_polic
     assert warm and per_call._TOKENS._values
 
 
+
+def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_call_policy, model_costs,
+                                                                  monkeypatch):
+    """Under the policy's warm_new_programs (the GPU's), a call that compiles its program runs it
+    once apart first (counted in compile_time_s): the call's own run is a steady one, so its
+    seconds price its length at once; later calls warm nothing; the tokens are AR's all along."""
+    target, draft = models
+    here = backend.default_platform()
+    monkeypatch.setitem(backend.POLICIES, here, dataclasses.replace(backend.POLICIES[here], warm_new_programs=True))
+    first_runs = []
+    first_run_s = generate_module._first_run_s
+    monkeypatch.setattr(generate_module, "_first_run_s",
+                        lambda executable, args: first_runs.append(1) or first_run_s(executable, args))
+    compile_cache.clear()
+    reference = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method="ar")
+    assert reference.stats["first_run_warmed"] and reference.stats["compile_time_s"] > 0
+    first_runs.clear()
+    method = ssd_jax.SD(draft_len="auto", max_draft_len=2)
+    compiled = 0
+    for _ in range(4):
+        out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft)
+        assert out.tokens == reference.tokens
+        length = out.stats["planned_draft_len"]
+        if out.stats["compile_time_s"]:
+            compiled += 1
+            assert out.stats["first_run_warmed"]
+        else:
+            assert "first_run_warmed" not in out.stats
+        assert length in {key[1] for key in per_call._PRICES._values}   # priced by this very call
+    assert compiled >= 1 and len(first_runs) == compiled
+
 @pytest.mark.parametrize("method, drafted", [
     (ssd_jax.BV(), True), (ssd_jax.SpecInfer(), True), (ssd_jax.SpecTr(), True), (ssd_jax.GBV(), True),
     (ssd_jax.PLD(), False), (ssd_jax.LogitSpec(), False), (ssd_jax.CSD(), True)])

@@ -58,7 +58,10 @@ calls AR's program, 0.72 of fixed L=8, under a fixed first probe 8 calls in); a 
 seldom (H200, LogitSpec at T=1 at ~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU,
 PLD at T=1 lost 1-5% to them at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% probed a near tie (PLD
 at T=1 on CPU, L=2 at 0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program
-once (the compile cache keeps it).
+once (the compile cache keeps it). An executable's first run is slow (on an H200 about twice a later
+one's); where the backend policy's `warm_new_programs` says so (GPU), that run is made apart before
+the call's own (`generate._first_run_s`), so the call that tried a program prices it; elsewhere that
+call sets no price, and the next call of the program does.
 """
 
 from __future__ import annotations
