@@ -244,3 +244,10 @@ def cpu_features() -> str:
 def describe() -> dict:
     """The default backend and JAX version, for reports."""
     return {"jax_backend": default_platform(), "jax": jax.__version__}
+
+
+def scan_unroll(unrolled: bool, length: int) -> int:
+    """`lax.scan`'s `unroll` for a scan of `length` steps: 1 (an XLA loop) or, unrolled, more than
+    `length`, so every step is written out. (`unroll=True` means `unroll=length`, which for one
+    step is `unroll=1`: a `while` of one turn, the loop the unrolled programs must not hold.)"""
+    return length + 1 if unrolled else 1

@@ -6,12 +6,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import scan_unroll
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit
 from ssd_jax.models.transformer import forward_cached
 from ssd_jax.sampling import SamplingParams, probabilities, sample
-from ssd_jax.verify._unroll import scan_unroll
 
 
 def catch_up(params: dict, config: ModelConfig, cache: KVCache, chunk: jax.Array,

@@ -21,8 +21,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import scan_unroll
 from ssd_jax.verify._common import first_true, row_keys, sample_from_weights, typed_like
-from ssd_jax.verify._unroll import scan_unroll
 from ssd_jax.verify.result import VerifyResult
 
 # node_rule(p [V], q [V], candidates int32 [K], alive bool [K], *, unrolled: bool)

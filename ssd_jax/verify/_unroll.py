@@ -24,13 +24,6 @@ import jax
 from ssd_jax.backend import per_platform
 
 
-def scan_unroll(unrolled: bool, length: int) -> int:
-    """`lax.scan`'s `unroll` for a scan of `length` steps: 1 (an XLA loop) or, unrolled, more than
-    `length`, so every step is written out. (`unroll=True` means `unroll=length`, which for one
-    step is `unroll=1`: a `while` of one turn, the loop the unrolled programs must not hold.)"""
-    return length + 1 if unrolled else 1
-
-
 def rolled_on_cpu(fn: Callable, *args):
     """fn(*args, unrolled=False) in programs compiled for CPU, fn(*args, unrolled=True) elsewhere."""
     return per_platform(*args, cpu=functools.partial(fn, unrolled=False),

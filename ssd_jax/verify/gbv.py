@@ -22,9 +22,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import scan_unroll
 from ssd_jax.verify._common import as_probs, check_multi, first_true, row_keys, typed_like
 from ssd_jax.verify._order import cdf_before, order_key
-from ssd_jax.verify._unroll import rows_rolled_on_cpu, scan_unroll
+from ssd_jax.verify._unroll import rows_rolled_on_cpu
 from ssd_jax.verify.block import block_row
 from ssd_jax.verify.result import VerifyResult
 

@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.backend import scan_unroll
 from ssd_jax.verify._common import (argmax_first, first_true, leading_true_count, row_keys, rows_like,
                                     sample_from_weights, typed_like)
-from ssd_jax.verify._unroll import rows_rolled_on_cpu, scan_unroll
+from ssd_jax.verify._unroll import rows_rolled_on_cpu
 
 
 class TreeVerdict(NamedTuple):

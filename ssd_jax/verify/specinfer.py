@@ -14,10 +14,11 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.backend import scan_unroll
 from ssd_jax.verify._common import (accept_prob, as_probs, check_multi, normalize_or, positive_part,
                                     typed_like)
 from ssd_jax.verify._tree_walk import walk
-from ssd_jax.verify._unroll import rolled_on_cpu, scan_unroll
+from ssd_jax.verify._unroll import rolled_on_cpu
 from ssd_jax.verify.result import VerifyResult
 
 
