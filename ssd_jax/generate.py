@@ -259,8 +259,9 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     shapes = [per_call.Shape(c.key, c.menu, a, c.paths) for c, a in zip(candidates, acceptances)]
     unpriced = [shape.key for shape in shapes if per_call.ar_unpriced(shape.key)]
     if unpriced:
-        seconds, calls = _ar_reference(target, batch, max_new_tokens, sampling, key)
+        seconds, calls, fixed = _ar_reference(target, batch, max_new_tokens, sampling, key)
         for shape_key in unpriced:
+            per_call.record_fixed(shape_key, fixed)
             per_call.record(shape_key, 0, seconds, calls)
     group = per_call.compact(group)
     index, length = per_call.choose_shape(group, shapes)
@@ -287,7 +288,8 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
                         stats["block_efficiency"] if length else None,
                         shapes[index].acceptance if observed is None else observed)
     if length:
-        adaptive.ACCEPTANCE.update(candidates[index].memory_key, observed)
+        adaptive.ACCEPTANCE.update(candidates[index].memory_key, observed,
+                                   per_call.call_share(stats["target_calls"] - 1))
     stats.update(method=method.name, adaptive=True, per_call=True, planned_draft_len=length,
                  remembered_acceptance=shapes[index].acceptance, observed_acceptance=observed,
                  cost_measure_time_s=measure_s)
@@ -305,23 +307,28 @@ def _ar_executable(target: Model, batch, max_new_tokens: int, sampling: Sampling
     return executable, args, program_key, compile_s
 
 
-def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple[float, int]:
+def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key
+                  ) -> tuple[float, int, float]:
     """AR's program (the one a plain-from-start call runs) on a per-call "auto" call's inputs:
-    (the fastest of AR_REFERENCE_RUNS runs that are not the executable's first, its target calls),
-    the price of the choice's baseline. The fastest: the baseline is measured once and kept while
+    (the fastest of AR_REFERENCE_RUNS runs that are not the executable's first, its target calls,
+    the fastest of as many runs to one token: the call's fixed part, `per_call.record_fixed`), the
+    price of the choice's baseline. The fastest: the baseline is measured once and kept while
     the method's programs win, each of whose prices every call of it measures again; one slow run
     (another process, a clock ramping up) prices AR's program dear for good (the likely cause on
     an H200, PLD at T=1 on noise prompts: the lookup's programs ran 8% slower than AR's at 1.03
-    tokens a call, and "auto" chose them on 11 calls of 12)."""
+    tokens a call, and "auto" chose them on 11 calls of 12). The one-token runs are the same
+    executable (the token budget is an argument), interleaved with the whole ones."""
     executable, args, _, compile_s = _ar_executable(target, batch, max_new_tokens, sampling, key)
     if compile_s:
-        jax.block_until_ready(executable(*args))
-    fastest = float("inf")
+        _first_run_s(executable, args)
+    one_token = args[:-1] + (_inputs(target, batch, key, 1)[-1],)
+    fastest = fixed = float("inf")
     for _ in range(AR_REFERENCE_RUNS):
+        fixed = min(fixed, _run_seconds(executable, one_token))
         start = time.perf_counter()
         output = jax.block_until_ready(executable(*args))
         fastest = min(fastest, time.perf_counter() - start)
-    return fastest, int(jax.device_get(output.counters["spec"].target_calls))
+    return fastest, int(jax.device_get(output.counters["spec"].target_calls)), fixed
 
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
@@ -370,9 +377,15 @@ def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sam
 def _first_run_s(executable, args: tuple) -> float:
     """Runs a newly compiled (or loaded) program once on its call's arguments (none donated) and
     drops the output: the seconds it took. An executable's first run costs more than its later
-    ones (on an H200, per-call "auto" at batch 1: 30-40 ms against 12-24 ms on the same prompt), so where the backend policy's `warm_new_programs` says so, that first run is part of
-    preparing the program, reported with its compile time, and the call's own run is a steady one,
-    which per-call "auto" can price at once (`per_call.record`)."""
+    ones (on an H200, per-call "auto" at batch 1: 30-40 ms against 12-24 ms on the same prompt),
+    so where the backend policy's `warm_new_programs` says so, that first run is part of
+    preparing the program, reported with its compile time, and the call's own run is a steady
+    one, which per-call "auto" can price at once (`per_call.record`)."""
+    return _run_seconds(executable, args)
+
+
+def _run_seconds(executable, args: tuple) -> float:
+    """Seconds of one run of a compiled program on args (none donated), its output dropped."""
     start = time.perf_counter()
     jax.block_until_ready(executable(*args))
     return time.perf_counter() - start

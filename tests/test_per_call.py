@@ -51,7 +51,7 @@ def model_costs(monkeypatch):
     the target, the calls speculate), AR's program's reference run too."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
-    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: (24 * COSTS.target(1), 24))
+    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: (24 * COSTS.target(1), 24, 0.0))
 
 
 @pytest.fixture(scope="module")
@@ -359,17 +359,23 @@ def test_deterministic_auto_neither_measures_nor_probes():
 
 def test_ar_reference_times_ars_own_program(models, monkeypatch):
     """The choice's baseline: AR's program run on the call's inputs (again where this compiled
-    it), the fastest of AR_REFERENCE_RUNS timed runs, and its target calls."""
+    it), the fastest of AR_REFERENCE_RUNS timed runs, its target calls, and the fastest of as
+    many runs of it to one token (the call's fixed part)."""
     from ssd_jax.engine.prompts import prepare_prompts
 
     target, _ = models
-    batch = prepare_prompts(PROMPTS, target.config, 12)
-    seconds, calls = generate_module._ar_reference(target, batch, 12, ssd_jax.SamplingParams(), jax.random.PRNGKey(0))
-    assert seconds > 0 and calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=12).stats["target_calls"]
-    clock = iter([0.0, 5.0, 10.0, 12.0, 20.0, 29.0])   # runs of 5, 2 and 9 s
+    batch = prepare_prompts(PROMPTS, target.config, 48)
+    seconds, calls, fixed = generate_module._ar_reference(target, batch, 48, ssd_jax.SamplingParams(),
+                                                          jax.random.PRNGKey(0))
+    assert calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=48).stats["target_calls"]
+    assert 0 < fixed < seconds
+    # each round: a one-token run, then a whole one; one-token runs of 1, 0.5 and 2 s, whole runs of 5, 2 and 9 s
+    clock = iter(np.cumsum([0, 1, 0, 5, 0, 0.5, 0, 2, 0, 2, 0, 9]).tolist())
     monkeypatch.setattr(generate_module, "AR_REFERENCE_RUNS", 3)
     monkeypatch.setattr(generate_module.time, "perf_counter", lambda: next(clock))
-    assert generate_module._ar_reference(target, batch, 12, ssd_jax.SamplingParams(), jax.random.PRNGKey(0))[0] == 2.0
+    seconds, _, fixed = generate_module._ar_reference(target, batch, 48, ssd_jax.SamplingParams(),
+                                                      jax.random.PRNGKey(0))
+    assert (seconds, fixed) == (2.0, 0.5)
 
 
 def test_path_count_follows_the_measured_verification(monkeypatch):
@@ -478,3 +484,33 @@ def test_a_length_not_measured_is_never_priced_below_ars_program(monkeypatch):
     share = (menu.model_s[8] - 1.5) / menu.model_s[8]
     assert price[4] == pytest.approx(max(menu.model_s[4] * share, menu.model_s[0]))
     assert all(price[n] >= price[0] for n in (1, 2, 4))
+
+
+def test_a_call_whose_rows_ended_early_barely_moves_the_choice(monkeypatch):
+    """H200, SpecTr at T=1 on short prompts (ms): AR's program 23.6 for 128 target calls, L=4's
+    calls 19 for 40 (3.2 tokens each), then one row that hit its EOS at once: 6.5 for 3 target
+    calls and 4 tokens. ~5 ms of every call is fixed (AR's program to one token). Priced whole,
+    that call made L=4 look 4x dearer per target call and AR's program won the next calls; with
+    the fixed part taken off and the call counted by its steps, L=4 keeps winning (within 20% of
+    its prediction before), and its price is the steps' own: (19 - 5) / 39 ms."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    menu = per_call.Menu((4,), np.asarray([0.15e-3, 0.0, 0.0, 0.0, 0.3e-3]))
+    unfixed = ("unfixed",)
+
+    def history(key):
+        per_call.record(key, 0, seconds=23.6e-3, target_calls=128)
+        for _ in range(3):
+            per_call.record(key, 4, seconds=19e-3, target_calls=40, tokens=3.2, acceptance=0.6)
+
+    per_call.record_fixed(KEY, 5e-3)
+    history(KEY)
+    history(unfixed)
+    assert per_call.prices(KEY, menu)[4] == pytest.approx(14e-3 / 39)
+    assert per_call.prices(KEY, menu)[0] == pytest.approx(18.6e-3 / 127)
+    before = per_call.predicted_speedups(KEY, menu, 0.6)[4]
+    assert before > 1.2 and per_call.choose(KEY, menu, 0.6) == 4
+    for key in (KEY, unfixed):
+        per_call.record(key, 4, seconds=6.5e-3, target_calls=3, tokens=4 / 3, acceptance=0.5)
+    assert per_call.predicted_speedups(KEY, menu, 0.6)[4] > 0.8 * before
+    assert per_call.choose(KEY, menu, 0.6) == 4
+    assert per_call.predicted_speedups(unfixed, menu, 0.6)[4] < 0.8 * before   # priced whole, as before

@@ -165,13 +165,17 @@ class DecayedMeans:
             entry = self._values.lookup(key)
         return default if entry is None else entry[0]
 
-    def add(self, key, value: float) -> float:
-        """Adds a value; returns the key's new mean."""
+    def add(self, key, value: float, share: float = 1.0) -> float:
+        """Adds a value counted as `share` (0, 1] of one (a value that says less: it moves the mean
+        as a share of an add would, weight 1 - (1 - weight)^share, and in the running start
+        share / (shares so far + share)); returns the key's new mean."""
         with self._lock:
-            mean, count = self._values.lookup(key, (0.0, 0))
-            weight = max(self.weight, 1.0 / (count + 1)) if self.running_start or count == 0 else self.weight
+            mean, count = self._values.lookup(key, (0.0, 0.0))
+            weight = 1.0 - (1.0 - self.weight) ** share
+            if self.running_start or count == 0:
+                weight = max(weight, share / (count + share))
             mean = (1.0 - weight) * mean + weight * float(value)
-            self._values.store(key, (mean, count + 1))
+            self._values.store(key, (mean, count + share))
             return mean
 
     def clear(self) -> None:
@@ -199,9 +203,10 @@ class AcceptanceMemory:
             return None
         return self._means.lookup(key)
 
-    def update(self, key, observed: float | None) -> None:
+    def update(self, key, observed: float | None, share: float = 1.0) -> None:
+        """Adds a call's observed acceptance, counted as `share` of a call (`DecayedMeans.add`)."""
         if observed is not None:
-            self._means.add(key, observed)
+            self._means.add(key, observed, share)
 
     def clear(self) -> None:
         self._means.clear()

@@ -25,7 +25,10 @@ price(L): the seconds per target call of length L's program, the cost model's st
 target(K L + 1) + L draft forwards at K paths' rows; retrieval and cascades draft inside the step,
 target(width) alone) plus the part of it the model misses (sampling, verification, the cascade's
 or lookup's drafting, bookkeeping, the launches), measured on the program's past calls of that
-length, else of the nearest measured one (`prices`). tokens(L): the tokens per target call
+length (each call's seconds past its fixed part, which AR's program run to one token on the
+call's inputs measures, over its target calls past the first: `record`), else of the nearest
+measured one (`prices`). The fixed part is the same for every program of a call, so the choice
+compares the steps alone. tokens(L): the tokens per target call
 measured on that length's past calls, else E(L, a) = (1 - a^(L+1)) / (1 - a) scaled by what the
 nearest measured length read against its own E (a retrieval draft finds nothing on some steps,
 a cascade's lenient review accepts near misses: the geometric law alone is off by a factor that
@@ -87,10 +90,12 @@ PROBE_OVERHEAD = 0.01   # while AR's program wins, probes cost at most this shar
 PROBE_EVERY_MIN = 2      # ... and are at least this many calls apart at first ...
 PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubles that, up to this
 RETIME_EVERY_MAX = 1024  # the same for re-timing a winning program's runner-up (`_retimed_runner_up`)
+FULL_SHARE_STEPS = 16    # a call of this many target calls after its first counts fully in prices and tokens
 
 _PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> seconds per target call
 # (program key, L) -> tokens per target call over E(L, a) at the acceptance a the call observed
 _TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)
+_FIXED = Recent()      # program key -> seconds of a call's fixed part (`record_fixed`)
 _AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
 # group -> (the winning program, calls of it since its runner-up was last re-timed, re-timings it
 # kept winning through)
@@ -460,6 +465,22 @@ def ar_unpriced(key) -> bool:
     return timings_allowed() and _PRICES.lookup((key, 0)) is None
 
 
+def call_share(steps: int) -> float:
+    """The share of one call that a call of `steps` target calls past its first counts as in what
+    the calls remember (prices, tokens, acceptance): steps / FULL_SHARE_STEPS, at most 1, at
+    least 1 / FULL_SHARE_STEPS."""
+    return min(1.0, max(int(steps), 1) / FULL_SHARE_STEPS)
+
+
+def record_fixed(key, seconds: float) -> None:
+    """The fixed part of a call of key's programs: seconds AR's program takes on the call's inputs
+    to one token (launch, prefill, setup and the outputs), which `record` takes off each call's
+    seconds before pricing its target calls after the first."""
+    if timings_allowed() and seconds > 0:
+        with _LOCK:
+            _FIXED.store(key, float(seconds))
+
+
 def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None,
            acceptance: float | None = None) -> None:
     """A finished call of length's program (0: AR's): its seconds per target call join that
@@ -467,15 +488,27 @@ def record(key, length: int, seconds: float | None, target_calls: int, tokens: f
     per target call (a speculative length's) over E(length, acceptance), the per-position
     acceptance the call observed (required with tokens), that length's ratio to the geometric law
     (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
-    call."""
+    call. Where the key's fixed part is known (`record_fixed`), the price is the seconds past it
+    over the target calls past the first (which it holds): a call whose rows ended early (an EOS)
+    is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4 tokens in 3
+    target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is fixed), and
+    priced whole it made its length look 4x dearer per target call: AR's program ran the set's
+    last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target calls past
+    the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
     if length and tokens is not None and acceptance is None:
         raise ValueError("per_call.record: tokens need the acceptance the call observed")
     if not timings_allowed() or target_calls <= 0:
         return
-    if seconds is not None and seconds > 0:
-        _PRICES.add((key, int(length)), float(seconds) / int(target_calls))
+    with _LOCK:
+        fixed = _FIXED.lookup(key)
+    steps = int(target_calls) - (1 if fixed is not None else 0)
+    share = call_share(steps)
+    if seconds is not None and steps > 0:
+        steady = float(seconds) - (fixed or 0.0)
+        if steady > 0:
+            _PRICES.add((key, int(length)), steady / steps, share)
     if length and tokens is not None and tokens > 0:
-        _TOKENS.add((key, int(length)), float(tokens) / expected_tokens(acceptance, int(length)))
+        _TOKENS.add((key, int(length)), float(tokens) / expected_tokens(acceptance, int(length)), share)
 
 
 def forget() -> None:
@@ -483,6 +516,7 @@ def forget() -> None:
     anew)."""
     _PRICES.clear()
     _TOKENS.clear()
+    _FIXED.clear()
     _AR_CALLS.clear()
     _WINNER_CALLS.clear()
     _COMPACT.clear()
