@@ -514,3 +514,22 @@ def test_a_call_whose_rows_ended_early_barely_moves_the_choice(monkeypatch):
     assert per_call.predicted_speedups(KEY, menu, 0.6)[4] > 0.8 * before
     assert per_call.choose(KEY, menu, 0.6) == 4
     assert per_call.predicted_speedups(unfixed, menu, 0.6)[4] < 0.8 * before   # priced whole, as before
+
+
+def test_one_token_calls_price_ars_program_once(models, per_call_policy, monkeypatch):
+    """A call of one token is all fixed part (AR's program to one token): priced whole, as a
+    sliver of a call, so AR's program is timed on the group's first call only, not on every
+    call (with nothing past the fixed part to price, it stayed unpriced and was timed again)."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    target, draft = models
+    references = []
+    reference = generate_module._ar_reference
+    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: references.append(1) or reference(*args))
+    plain = ssd_jax.generate(target, PROMPTS, max_new_tokens=1, method="ar")
+    for _ in range(3):
+        out = ssd_jax.generate(target, PROMPTS, max_new_tokens=1, method=ssd_jax.SD(draft_len="auto"), draft=draft)
+        assert out.tokens == plain.tokens and out.stats["target_calls"] == 1
+    assert len(references) == 1
+    per_call.record_fixed(KEY, 0.5)
+    per_call.record(KEY, 0, seconds=0.6, target_calls=1)
+    assert per_call.prices(KEY, MENU)[0] == pytest.approx(0.6)

@@ -494,7 +494,9 @@ def record(key, length: int, seconds: float | None, target_calls: int, tokens: f
     target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is fixed), and
     priced whole it made its length look 4x dearer per target call: AR's program ran the set's
     last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target calls past
-    the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
+    the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens. A call of one
+    target call (its fixed part alone) is priced whole, as a sixteenth of a call: so AR's program
+    of a one-token call is priced once, not timed again on every call."""
     if length and tokens is not None and acceptance is None:
         raise ValueError("per_call.record: tokens need the acceptance the call observed")
     if not timings_allowed() or target_calls <= 0:
@@ -502,6 +504,8 @@ def record(key, length: int, seconds: float | None, target_calls: int, tokens: f
     with _LOCK:
         fixed = _FIXED.lookup(key)
     steps = int(target_calls) - (1 if fixed is not None else 0)
+    if steps <= 0:   # all of the call was its fixed part (one token asked, or an EOS at once): priced whole
+        fixed, steps = None, int(target_calls)
     share = call_share(steps)
     if seconds is not None and steps > 0:
         steady = float(seconds) - (fixed or 0.0)
