@@ -270,6 +270,9 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     if length:
         out = _generate_sync(per_call.fixed(chosen, length), target, draft, batch, max_new_tokens, sampling, key,
                              stream)
+        if per_call.fixed_part_unknown(shapes[index].key, length):   # after the program's first run
+            per_call.record_fixed(shapes[index].key, _fixed_seconds(per_call.fixed(chosen, length), target, draft,
+                                                                    batch, max_new_tokens, sampling, key), length)
     else:
         out = _plain_from_start(chosen, target, batch, max_new_tokens, sampling, key, stream)
     stats = out.stats
@@ -301,10 +304,28 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
 def _ar_executable(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key) -> tuple:
     """AR's compiled program on a call's inputs, the one a plain-from-start call runs: (executable,
     args, program key, seconds compiling it now: 0.0 when cached)."""
-    fn, args, key_parts = _program(AR(), target, None, batch, max_new_tokens, sampling, key)
-    program_key = key_parts + (None,)   # _generate_sync's for AR: no plan
+    return _fixed_executable(AR(), target, None, batch, max_new_tokens, sampling, key)
+
+
+def _fixed_executable(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams,
+                      key) -> tuple:
+    """The compiled program `_generate_sync` runs for a method at a fixed length (no adaptive
+    plan) on a call's inputs: (executable, args, program key, seconds compiling it now: 0.0 when
+    cached)."""
+    fn, args, key_parts = _program(method, target, _colocated(method, target, draft), batch, max_new_tokens,
+                                   sampling, key)
+    program_key = key_parts + (None,)   # _generate_sync's without a plan
     executable, compile_s = PROGRAMS.compiled(fn, program_key, *args)
     return executable, args, program_key, compile_s
+
+
+def _fixed_seconds(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams,
+                   key) -> float:
+    """A fixed-length program's fixed part on a call's inputs (its run to one token, the fastest
+    of AR_REFERENCE_RUNS; `per_call.record_fixed`), the program already compiled and run."""
+    executable, args, _, _ = _fixed_executable(method, target, draft, batch, max_new_tokens, sampling, key)
+    one_token = _with_budget(args, 1)
+    return min(_run_seconds(executable, one_token) for _ in range(AR_REFERENCE_RUNS))
 
 
 def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key
@@ -316,19 +337,36 @@ def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingP
     the method's programs win, each of whose prices every call of it measures again; one slow run
     (another process, a clock ramping up) prices AR's program dear for good (the likely cause on
     an H200, PLD at T=1 on noise prompts: the lookup's programs ran 8% slower than AR's at 1.03
-    tokens a call, and "auto" chose them on 11 calls of 12). The one-token runs are the same
-    executable (the token budget is an argument), interleaved with the whole ones."""
+    tokens a call, and "auto" chose them on 11 calls of 12). The runs are the same executable
+    with another token budget (an argument), interleaved: the whole runs at `_reference_budget`."""
     executable, args, _, compile_s = _ar_executable(target, batch, max_new_tokens, sampling, key)
     if compile_s:
         _first_run_s(executable, args)
-    one_token = args[:-1] + (_inputs(target, batch, key, 1)[-1],)
+    one_token = _with_budget(args, 1)
+    whole = _with_budget(args, _reference_budget(target, batch, max_new_tokens))
     fastest = fixed = float("inf")
     for _ in range(AR_REFERENCE_RUNS):
         fixed = min(fixed, _run_seconds(executable, one_token))
         start = time.perf_counter()
-        output = jax.block_until_ready(executable(*args))
+        output = jax.block_until_ready(executable(*whole))
         fastest = min(fastest, time.perf_counter() - start)
     return fastest, int(jax.device_get(output.counters["spec"].target_calls)), fixed
+
+
+def _reference_budget(target: Model, batch, max_new_tokens: int) -> int:
+    """The tokens AR's reference runs decode: the program's output budget (`bucket`), which its
+    price serves (every call of the key asks for at most that many), within the target's
+    positions after the longest prompt, at least max_new_tokens. A call of one or two tokens
+    would time the fixed part alone, or one step against it: noise that priced a key's steps
+    23x too dear (CPU, a one-token call first, then 12-token calls)."""
+    room = target.config.max_position_embeddings - batch.max_length
+    return max(int(max_new_tokens), min(bucket(max_new_tokens), room))
+
+
+def _with_budget(args: tuple, tokens: int) -> tuple:
+    """A decode program's arguments with another token budget (the last one, `_inputs`' max_new),
+    placed as it is."""
+    return args[:-1] + (jax.device_put(np.asarray(tokens, np.int32), args[-1].sharding),)
 
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,

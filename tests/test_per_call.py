@@ -51,7 +51,8 @@ def model_costs(monkeypatch):
     the target, the calls speculate), AR's program's reference run too."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     monkeypatch.setattr(adaptive, "measure_costs", lambda *args, **kwargs: dataclasses.replace(COSTS))
-    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: (24 * COSTS.target(1), 24, 0.0))
+    # AR's reference: 24 target calls, one of them the fixed part, so AR's price is COSTS.target(1)
+    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: (24 * COSTS.target(1), 24, COSTS.target(1)))
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,10 @@ def test_per_call_auto_is_exact_and_remembers_what_it_ran(models, per_call_polic
     assert lengths[0] > 0   # the prior acceptance at these prices speculates
     memory_key = adaptive.acceptance_key(target, draft, method, ssd_jax.SamplingParams())
     assert adaptive.ACCEPTANCE.known(memory_key) is not None
-    assert any(key[1] == length for key in per_call._PRICES._values)
+    # AR's program priced (its reference); the drafted lengths' tokens remembered (their calls
+    # compiled their programs, so on CPU they set no price yet)
+    assert {length for _, length in per_call.price_table()} >= {0}
+    assert {length for _, length in per_call._TOKENS.means()} == set(lengths) - {0}
 
     key = jax.random.PRNGKey(7)
     sampled = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method=method, draft=draft, temperature=1.0,
@@ -113,7 +117,7 @@ def test_a_calls_menus_are_built_once_and_prices_kept_under_short_keys(models, p
         ran_ar = out.stats["planned_draft_len"] == 0
         assert out.stats["per_call"] and out.stats["chosen_paths"] in ((None,) if ran_ar else (1, 2, 4))
     assert sorted(built) == [1, 2, 4]
-    keys = {key[0] for key in per_call._PRICES._values}
+    keys = {key[0] for key in per_call.price_table()}
     assert keys and all(key[0] == "program" for key in keys)
     assert per_call.compact(("a", "full", "key")) == per_call.compact(("a", "full", "key"))
     assert per_call.compact(("a", "full", "key")) != per_call.compact(("another",))
@@ -134,7 +138,7 @@ def test_the_call_that_compiled_its_program_sets_no_price(models, per_call_polic
         if not out.stats["compile_time_s"]:
             warm.add(out.stats["planned_draft_len"])
         # AR's program is priced before the first choice: the baseline
-        assert {key[1] for key in per_call._PRICES._values} == warm | {0}
+        assert {key[1] for key in per_call.price_table()} == warm | {0}
     assert warm and per_call._TOKENS._values
 
 
@@ -149,11 +153,11 @@ def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_ca
     monkeypatch.setitem(backend.POLICIES, here, dataclasses.replace(backend.POLICIES[here], warm_new_programs=True))
     first_runs = []
     first_run_s = generate_module._first_run_s
-    monkeypatch.setattr(generate_module, "_first_run_s",
-                        lambda executable, args: first_runs.append(1) or first_run_s(executable, args))
+    monkeypatch.setattr(generate_module, "_first_run_s",   # a first run of 1000 s, to find it in compile_time_s
+                        lambda executable, args: first_runs.append(1) or first_run_s(executable, args) + 1000.0)
     compile_cache.clear()
     reference = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method="ar")
-    assert reference.stats["first_run_warmed"] and reference.stats["compile_time_s"] > 0
+    assert reference.stats["first_run_warmed"] and reference.stats["compile_time_s"] > 1000
     first_runs.clear()
     method = ssd_jax.SD(draft_len="auto", max_draft_len=2)
     compiled = 0
@@ -163,10 +167,11 @@ def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_ca
         length = out.stats["planned_draft_len"]
         if out.stats["compile_time_s"]:
             compiled += 1
-            assert out.stats["first_run_warmed"]
+            assert out.stats["first_run_warmed"] and out.stats["compile_time_s"] > 1000
         else:
             assert "first_run_warmed" not in out.stats
-        assert length in {key[1] for key in per_call._PRICES._values}   # priced by this very call
+        (key,) = {key for key, _ in per_call.price_table()}   # one shape: one key
+        assert (key, length) in per_call.price_table()   # priced by this very call
     assert compiled >= 1 and len(first_runs) == compiled
 
 @pytest.mark.parametrize("method, drafted", [
@@ -364,16 +369,17 @@ def test_ar_reference_times_ars_own_program(models, monkeypatch):
     from ssd_jax.engine.prompts import prepare_prompts
 
     target, _ = models
-    batch = prepare_prompts(PROMPTS, target.config, 48)
-    seconds, calls, fixed = generate_module._ar_reference(target, batch, 48, ssd_jax.SamplingParams(),
+    batch = prepare_prompts(PROMPTS, target.config, 40)
+    seconds, calls, fixed = generate_module._ar_reference(target, batch, 40, ssd_jax.SamplingParams(),
                                                           jax.random.PRNGKey(0))
-    assert calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=48).stats["target_calls"]
+    # at the output's budget (64 tokens), not the call's 40
+    assert calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=64).stats["target_calls"] == 64
     assert 0 < fixed < seconds
     # each round: a one-token run, then a whole one; one-token runs of 1, 0.5 and 2 s, whole runs of 5, 2 and 9 s
     clock = iter(np.cumsum([0, 1, 0, 5, 0, 0.5, 0, 2, 0, 2, 0, 9]).tolist())
     monkeypatch.setattr(generate_module, "AR_REFERENCE_RUNS", 3)
     monkeypatch.setattr(generate_module.time, "perf_counter", lambda: next(clock))
-    seconds, _, fixed = generate_module._ar_reference(target, batch, 48, ssd_jax.SamplingParams(),
+    seconds, _, fixed = generate_module._ar_reference(target, batch, 40, ssd_jax.SamplingParams(),
                                                       jax.random.PRNGKey(0))
     assert (seconds, fixed) == (2.0, 0.5)
 
@@ -517,9 +523,11 @@ def test_a_call_whose_rows_ended_early_barely_moves_the_choice(monkeypatch):
 
 
 def test_one_token_calls_price_ars_program_once(models, per_call_policy, monkeypatch):
-    """A call of one token is all fixed part (AR's program to one token): priced whole, as a
-    sliver of a call, so AR's program is timed on the group's first call only, not on every
-    call (with nothing past the fixed part to price, it stayed unpriced and was timed again)."""
+    """AR's reference decodes the output's budget (16 tokens for a one-token call), so a group
+    whose first call asks for one token prices AR's steps, and times AR's program on that call
+    only (it timed its fixed part alone, stayed unpriced, and was timed again on every call). A
+    call of one target call, all fixed part, records nothing, and a referenced key is not
+    referenced again."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     target, draft = models
     references = []
@@ -532,4 +540,55 @@ def test_one_token_calls_price_ars_program_once(models, per_call_policy, monkeyp
     assert len(references) == 1
     per_call.record_fixed(KEY, 0.5)
     per_call.record(KEY, 0, seconds=0.6, target_calls=1)
-    assert per_call.prices(KEY, MENU)[0] == pytest.approx(0.6)
+    per_call.record(KEY, 4, seconds=0.6, target_calls=1, tokens=1.0, acceptance=0.5)   # an EOS at once
+    assert not per_call.price_table() or (KEY, 0) not in per_call.price_table()
+    assert per_call._TOKENS.lookup((KEY, 4)) is None and not per_call.ar_unpriced(KEY)
+
+
+def test_a_programs_own_fixed_part_comes_off_its_price(models, per_call_policy, model_costs, monkeypatch):
+    """A program whose fixed part is not known has it measured after its call (a drafted
+    program's holds its draft's prefill), once, and that call's price is its seconds past it over
+    its target calls past the first; AR's program's, from AR's reference, stands for the others."""
+    target, draft = models
+    here = backend.default_platform()
+    monkeypatch.setitem(backend.POLICIES, here, dataclasses.replace(backend.POLICIES[here], warm_new_programs=True))
+    measured = []
+    monkeypatch.setattr(generate_module, "_fixed_seconds",
+                        lambda method, *rest: measured.append(method.draft_len) or 1e-4)
+    compile_cache.clear()
+    out = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method=ssd_jax.SD(draft_len="auto", max_draft_len=4),
+                           draft=draft)
+    length = out.stats["planned_draft_len"]
+    assert length and measured == [length]
+    ((key, _),) = [k for k in per_call.price_table() if k[1] == length]
+    assert per_call.fixed_part(key, length) == 1e-4 and per_call.fixed_part(key, 0) == pytest.approx(COSTS.target(1))
+    assert per_call.fixed_part(key, 3) == per_call.fixed_part(key, 0)   # not measured: AR's stands for it
+    steps = out.stats["target_calls"] - 1
+    assert per_call.price_table()[(key, length)] == pytest.approx((out.stats["wall_time_s"] - 1e-4) / steps)
+    assert per_call.price_table()[(key, 0)] == pytest.approx(COSTS.target(1))
+    for _ in range(2):
+        again = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method=ssd_jax.SD(draft_len="auto",
+                                 max_draft_len=4), draft=draft)
+        assert measured.count(again.stats["planned_draft_len"]) <= 1
+
+
+def test_a_short_call_counts_as_a_share_of_one(monkeypatch):
+    """DecayedMeans: share 1 is the plain decayed mean (bit for bit); a share s moves the mean as
+    1 - (1 - weight)^s; the running start weighs shares; the acceptance memory takes a share."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    plain, shared = adaptive.DecayedMeans(0.3, running_start=True), adaptive.DecayedMeans(0.3, running_start=True)
+    values = [0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4]
+    for v in values:
+        plain.add("k", v)
+        shared.add("k", v, 1.0)
+    assert shared.lookup("k") == plain.lookup("k")
+    mean = adaptive.DecayedMeans(0.5)
+    mean.add("k", 1.0)
+    assert mean.add("k", 0.0, 0.25) == pytest.approx(1 - (1 - 0.5 ** 0.25))
+    start = adaptive.DecayedMeans(0.5, running_start=True)
+    start.add("k", 1.0, 1 / 16)
+    assert start.add("k", 0.0) == pytest.approx(1 / 17)   # the first add weighed a sixteenth of this one
+    memory = adaptive.AcceptanceMemory()
+    memory.update("pair", 1.0)
+    memory.update("pair", 0.0, per_call.call_share(2))
+    assert memory.known("pair") > 0.9

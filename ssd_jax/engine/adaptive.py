@@ -171,12 +171,17 @@ class DecayedMeans:
         share / (shares so far + share)); returns the key's new mean."""
         with self._lock:
             mean, count = self._values.lookup(key, (0.0, 0.0))
-            weight = 1.0 - (1.0 - self.weight) ** share
+            weight = self.weight if share == 1 else 1.0 - (1.0 - self.weight) ** share
             if self.running_start or count == 0:
                 weight = max(weight, share / (count + share))
             mean = (1.0 - weight) * mean + weight * float(value)
             self._values.store(key, (mean, count + share))
             return mean
+
+    def means(self) -> dict:
+        """key -> its mean, for every key kept."""
+        with self._lock:
+            return {key: entry[0] for key, entry in self._values.items()}
 
     def clear(self) -> None:
         with self._lock:

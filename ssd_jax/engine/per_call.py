@@ -27,8 +27,8 @@ target(width) alone) plus the part of it the model misses (sampling, verificatio
 or lookup's drafting, bookkeeping, the launches), measured on the program's past calls of that
 length (each call's seconds past its fixed part, which AR's program run to one token on the
 call's inputs measures, over its target calls past the first: `record`), else of the nearest
-measured one (`prices`). The fixed part is the same for every program of a call, so the choice
-compares the steps alone. tokens(L): the tokens per target call
+measured one (`prices`; a program's own fixed part is measured after its first call, a drafted
+one's holding its draft's prefill). The choice compares the steps alone. tokens(L): the tokens per target call
 measured on that length's past calls, else E(L, a) = (1 - a^(L+1)) / (1 - a) scaled by what the
 nearest measured length read against its own E (a retrieval draft finds nothing on some steps,
 a cascade's lenient review accepts near misses: the geometric law alone is off by a factor that
@@ -92,10 +92,12 @@ PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubl
 RETIME_EVERY_MAX = 1024  # the same for re-timing a winning program's runner-up (`_retimed_runner_up`)
 FULL_SHARE_STEPS = 16    # a call of this many target calls after its first counts fully in prices and tokens
 
-_PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)   # (program key, L) -> seconds per target call
+# (program key, L) -> seconds per target call past a call's fixed part; (program key, (FIXED, L)) -> that
+# fixed part (`record_fixed`), kept in the same table so that the two are dropped together
+_PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)
+FIXED = "fixed"
 # (program key, L) -> tokens per target call over E(L, a) at the acceptance a the call observed
 _TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)
-_FIXED = Recent()      # program key -> seconds of a call's fixed part (`record_fixed`)
 _AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
 # group -> (the winning program, calls of it since its runner-up was last re-timed, re-timings it
 # kept winning through)
@@ -460,9 +462,10 @@ def choose(key, menu: Menu, acceptance: float) -> int:
 
 
 def ar_unpriced(key) -> bool:
-    """Whether no run of AR's program is priced under key (timings allowed): the call then times
-    it on its inputs before choosing (module docstring)."""
-    return timings_allowed() and _PRICES.lookup((key, 0)) is None
+    """Whether AR's program was neither priced nor referenced under key (timings allowed): the
+    call then times it on its inputs before choosing (module docstring, `record_fixed`)."""
+    return (timings_allowed() and _PRICES.lookup((key, 0)) is None
+            and _PRICES.lookup((key, (FIXED, 0))) is None)
 
 
 def call_share(steps: int) -> float:
@@ -472,13 +475,34 @@ def call_share(steps: int) -> float:
     return min(1.0, max(int(steps), 1) / FULL_SHARE_STEPS)
 
 
-def record_fixed(key, seconds: float) -> None:
-    """The fixed part of a call of key's programs: seconds AR's program takes on the call's inputs
-    to one token (launch, prefill, setup and the outputs), which `record` takes off each call's
-    seconds before pricing its target calls after the first."""
-    if timings_allowed() and seconds > 0:
-        with _LOCK:
-            _FIXED.store(key, float(seconds))
+def record_fixed(key, seconds: float, length: int = 0) -> None:
+    """The fixed part of a call of key's program of `length` (0: AR's, which stands for every
+    program of the key not measured itself): the seconds it takes on the call's inputs to one
+    token (launch, prefill, setup and the outputs; a drafted program's draft prefill besides:
+    CPU, embedded pair, AR 0.26 ms, SD at L=4 0.37, SpecTr at L=4 with 2 paths 0.48), which
+    `record` takes off each call's seconds before pricing its target calls after the first.
+    Recorded whatever the seconds, so that whether AR's reference ran (`ar_unpriced`) never
+    depends on a timing: on a mesh spanning processes each runs the same programs."""
+    if timings_allowed():
+        _PRICES.add((key, (FIXED, int(length))), max(float(seconds), 0.0))
+
+
+def fixed_part_unknown(key, length: int) -> bool:
+    """Whether the fixed part of key's program of `length` was not measured itself (timings
+    allowed): the call that ran it then measures it (`generate._fixed_seconds`)."""
+    return timings_allowed() and _PRICES.lookup((key, (FIXED, int(length)))) is None
+
+
+def fixed_part(key, length: int) -> float | None:
+    """The fixed part of a call of key's program of `length`: its own where measured, else AR's,
+    else None."""
+    own = _PRICES.lookup((key, (FIXED, int(length))))
+    return own if own is not None else _PRICES.lookup((key, (FIXED, 0)))
+
+
+def price_table() -> dict:
+    """(program key, length) -> the remembered seconds per target call (tests, reports)."""
+    return {key: price for key, price in _PRICES.means().items() if isinstance(key[1], int)}
 
 
 def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None,
@@ -488,26 +512,24 @@ def record(key, length: int, seconds: float | None, target_calls: int, tokens: f
     per target call (a speculative length's) over E(length, acceptance), the per-position
     acceptance the call observed (required with tokens), that length's ratio to the geometric law
     (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
-    call. Where the key's fixed part is known (`record_fixed`), the price is the seconds past it
-    over the target calls past the first (which it holds): a call whose rows ended early (an EOS)
-    is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4 tokens in 3
-    target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is fixed), and
-    priced whole it made its length look 4x dearer per target call: AR's program ran the set's
-    last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target calls past
-    the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens. A call of one
-    target call (its fixed part alone) is priced whole, as a sixteenth of a call: so AR's program
-    of a one-token call is priced once, not timed again on every call."""
+    call. Where the key's fixed part is known (`record_fixed`, `fixed_part`), the price is the
+    seconds past it over the target calls past the first (which it holds), and a call of one
+    target call (its rows all ended at their first token) records nothing: a call whose rows
+    ended early is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4
+    tokens in 3 target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is
+    fixed), and priced whole it made its length look 4x dearer per target call: AR's program ran
+    the set's last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target
+    calls past the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
     if length and tokens is not None and acceptance is None:
         raise ValueError("per_call.record: tokens need the acceptance the call observed")
     if not timings_allowed() or target_calls <= 0:
         return
-    with _LOCK:
-        fixed = _FIXED.lookup(key)
+    fixed = fixed_part(key, length)
     steps = int(target_calls) - (1 if fixed is not None else 0)
-    if steps <= 0:   # all of the call was its fixed part (one token asked, or an EOS at once): priced whole
-        fixed, steps = None, int(target_calls)
+    if steps <= 0:
+        return
     share = call_share(steps)
-    if seconds is not None and steps > 0:
+    if seconds is not None:
         steady = float(seconds) - (fixed or 0.0)
         if steady > 0:
             _PRICES.add((key, int(length)), steady / steps, share)
@@ -520,7 +542,6 @@ def forget() -> None:
     anew)."""
     _PRICES.clear()
     _TOKENS.clear()
-    _FIXED.clear()
     _AR_CALLS.clear()
     _WINNER_CALLS.clear()
     _COMPACT.clear()
