@@ -270,9 +270,13 @@ def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int,
     if length:
         out = _generate_sync(per_call.fixed(chosen, length), target, draft, batch, max_new_tokens, sampling, key,
                              stream)
-        if per_call.fixed_part_unknown(shapes[index].key, length):   # after the program's first run
+        # After the program's first run; not on a streamed call, which ran other programs (begin
+        # and resume) and is not priced.
+        if stream is None and per_call.fixed_part_unknown(shapes[index].key, length):
+            fixed_start = time.perf_counter()
             per_call.record_fixed(shapes[index].key, _fixed_seconds(per_call.fixed(chosen, length), target, draft,
                                                                     batch, max_new_tokens, sampling, key), length)
+            measure_s += time.perf_counter() - fixed_start
     else:
         out = _plain_from_start(chosen, target, batch, max_new_tokens, sampling, key, stream)
     stats = out.stats
@@ -324,7 +328,7 @@ def _fixed_seconds(method, target: Model, draft, batch, max_new_tokens: int, sam
     """A fixed-length program's fixed part on a call's inputs (its run to one token, the fastest
     of AR_REFERENCE_RUNS; `per_call.record_fixed`), the program already compiled and run."""
     executable, args, _, _ = _fixed_executable(method, target, draft, batch, max_new_tokens, sampling, key)
-    one_token = _with_budget(args, 1)
+    one_token = _with_budget(target, args, 1)
     return min(_run_seconds(executable, one_token) for _ in range(AR_REFERENCE_RUNS))
 
 
@@ -342,8 +346,8 @@ def _ar_reference(target: Model, batch, max_new_tokens: int, sampling: SamplingP
     executable, args, _, compile_s = _ar_executable(target, batch, max_new_tokens, sampling, key)
     if compile_s:
         _first_run_s(executable, args)
-    one_token = _with_budget(args, 1)
-    whole = _with_budget(args, _reference_budget(target, batch, max_new_tokens))
+    one_token = _with_budget(target, args, 1)
+    whole = _with_budget(target, args, _reference_budget(target, batch, max_new_tokens))
     fastest = fixed = float("inf")
     for _ in range(AR_REFERENCE_RUNS):
         fixed = min(fixed, _run_seconds(executable, one_token))
@@ -363,10 +367,10 @@ def _reference_budget(target: Model, batch, max_new_tokens: int) -> int:
     return max(int(max_new_tokens), min(bucket(max_new_tokens), room))
 
 
-def _with_budget(args: tuple, tokens: int) -> tuple:
+def _with_budget(target: Model, args: tuple, tokens: int) -> tuple:
     """A decode program's arguments with another token budget (the last one, `_inputs`' max_new),
-    placed as it is."""
-    return args[:-1] + (jax.device_put(np.asarray(tokens, np.int32), args[-1].sharding),)
+    placed as `_inputs` places it."""
+    return args[:-1] + (_device_scalar_or_vector(target, np.asarray(tokens, np.int32)),)
 
 
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,

@@ -160,11 +160,12 @@ def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_ca
     assert reference.stats["first_run_warmed"] and reference.stats["compile_time_s"] > 1000
     first_runs.clear()
     method = ssd_jax.SD(draft_len="auto", max_draft_len=2)
-    compiled = 0
+    compiled, lengths = 0, []
     for _ in range(4):
         out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=method, draft=draft)
         assert out.tokens == reference.tokens
         length = out.stats["planned_draft_len"]
+        lengths.append(length)
         if out.stats["compile_time_s"]:
             compiled += 1
             assert out.stats["first_run_warmed"] and out.stats["compile_time_s"] > 1000
@@ -172,7 +173,7 @@ def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_ca
             assert "first_run_warmed" not in out.stats
         (key,) = {key for key, _ in per_call.price_table()}   # one shape: one key
         assert (key, length) in per_call.price_table()   # priced by this very call
-    assert compiled >= 1 and len(first_runs) == compiled
+    assert compiled >= 1 and len(first_runs) == compiled == len(set(lengths) - {0})   # each new program once
 
 @pytest.mark.parametrize("method, drafted", [
     (ssd_jax.BV(), True), (ssd_jax.SpecInfer(), True), (ssd_jax.SpecTr(), True), (ssd_jax.GBV(), True),
@@ -375,6 +376,10 @@ def test_ar_reference_times_ars_own_program(models, monkeypatch):
     # at the output's budget (64 tokens), not the call's 40
     assert calls == ssd_jax.generate(target, PROMPTS, max_new_tokens=64).stats["target_calls"] == 64
     assert 0 < fixed < seconds
+    executable, args, _, _ = generate_module._ar_executable(target, batch, 40, ssd_jax.SamplingParams(),
+                                                            jax.random.PRNGKey(0))
+    one = executable(*generate_module._with_budget(target, args, 1))
+    assert int(one.counters["spec"].target_calls) == 1 and int(np.max(np.asarray(one.num_tokens))) == 1
     # each round: a one-token run, then a whole one; one-token runs of 1, 0.5 and 2 s, whole runs of 5, 2 and 9 s
     clock = iter(np.cumsum([0, 1, 0, 5, 0, 0.5, 0, 2, 0, 2, 0, 9]).tolist())
     monkeypatch.setattr(generate_module, "AR_REFERENCE_RUNS", 3)
@@ -552,11 +557,14 @@ def test_a_programs_own_fixed_part_comes_off_its_price(models, per_call_policy, 
     target, draft = models
     here = backend.default_platform()
     monkeypatch.setitem(backend.POLICIES, here, dataclasses.replace(backend.POLICIES[here], warm_new_programs=True))
-    measured = []
+    measured, shares = [], []
     monkeypatch.setattr(generate_module, "_fixed_seconds",
                         lambda method, *rest: measured.append(method.draft_len) or 1e-4)
+    update = adaptive.ACCEPTANCE.update
+    monkeypatch.setattr(adaptive.ACCEPTANCE, "update",
+                        lambda key, observed, share=1.0: shares.append(share) or update(key, observed, share))
     compile_cache.clear()
-    out = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method=ssd_jax.SD(draft_len="auto", max_draft_len=4),
+    out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=ssd_jax.SD(draft_len="auto", max_draft_len=4),
                            draft=draft)
     length = out.stats["planned_draft_len"]
     assert length and measured == [length]
@@ -564,10 +572,11 @@ def test_a_programs_own_fixed_part_comes_off_its_price(models, per_call_policy, 
     assert per_call.fixed_part(key, length) == 1e-4 and per_call.fixed_part(key, 0) == pytest.approx(COSTS.target(1))
     assert per_call.fixed_part(key, 3) == per_call.fixed_part(key, 0)   # not measured: AR's stands for it
     steps = out.stats["target_calls"] - 1
+    assert shares == [per_call.call_share(steps)] and shares[0] < 1   # the call's acceptance, as a share of a call
     assert per_call.price_table()[(key, length)] == pytest.approx((out.stats["wall_time_s"] - 1e-4) / steps)
     assert per_call.price_table()[(key, 0)] == pytest.approx(COSTS.target(1))
     for _ in range(2):
-        again = ssd_jax.generate(target, PROMPTS, max_new_tokens=24, method=ssd_jax.SD(draft_len="auto",
+        again = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=ssd_jax.SD(draft_len="auto",
                                  max_draft_len=4), draft=draft)
         assert measured.count(again.stats["planned_draft_len"]) <= 1
 
@@ -576,12 +585,12 @@ def test_a_short_call_counts_as_a_share_of_one(monkeypatch):
     """DecayedMeans: share 1 is the plain decayed mean (bit for bit); a share s moves the mean as
     1 - (1 - weight)^s; the running start weighs shares; the acceptance memory takes a share."""
     monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    plain, shared = adaptive.DecayedMeans(0.3, running_start=True), adaptive.DecayedMeans(0.3, running_start=True)
-    values = [0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4]
-    for v in values:
-        plain.add("k", v)
-        shared.add("k", v, 1.0)
-    assert shared.lookup("k") == plain.lookup("k")
+    shared = adaptive.DecayedMeans(0.3, running_start=True)
+    expected = 0.0
+    for n, v in enumerate([0.9, 0.1, 0.5, 0.7, 0.2, 0.8, 0.4]):
+        weight = max(0.3, 1.0 / (n + 1))
+        expected = (1.0 - weight) * expected + weight * v
+        assert shared.add("k", v, 1.0) == expected   # the plain decayed mean, bit for bit
     mean = adaptive.DecayedMeans(0.5)
     mean.add("k", 1.0)
     assert mean.add("k", 0.0, 0.25) == pytest.approx(1 - (1 - 0.5 ** 0.25))
@@ -592,3 +601,39 @@ def test_a_short_call_counts_as_a_share_of_one(monkeypatch):
     memory.update("pair", 1.0)
     memory.update("pair", 0.0, per_call.call_share(2))
     assert memory.known("pair") > 0.9
+
+
+def test_a_call_no_longer_than_its_fixed_part_sets_no_price(monkeypatch):
+    """Seconds at or below the fixed part (timing noise) price nothing: a price is never <= 0."""
+    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
+    per_call.record_fixed(KEY, 1.0)
+    per_call.record(KEY, 2, seconds=0.5, target_calls=10, tokens=2.0, acceptance=0.5)
+    per_call.record(KEY, 1, seconds=1.0, target_calls=10, tokens=1.5, acceptance=0.5)
+    assert per_call.price_table() == {}
+
+
+def test_ars_reference_budget_is_the_outputs_within_the_positions():
+    """The reference decodes the output's budget (a power of two), within the positions the target
+    has after the longest prompt, and never fewer than the call asks."""
+    from types import SimpleNamespace
+
+    target = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=36))
+    batch = SimpleNamespace(max_length=7)
+    assert generate_module._reference_budget(target, batch, 12) == 16
+    assert generate_module._reference_budget(target, batch, 20) == 29   # bucket 32, room 29
+    assert generate_module._reference_budget(target, batch, 29) == 29
+    assert generate_module._reference_budget(target, batch, 1) == 16
+
+
+def test_deterministic_per_call_times_nothing(models, per_call_policy, monkeypatch):
+    """Under SSD_JAX_DETERMINISTIC_AUTO=1 a per-call "auto" call runs no reference and measures no
+    fixed part (a call must not depend on timings), and remembers nothing."""
+    monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")
+    target, draft = models
+    ran = []
+    monkeypatch.setattr(generate_module, "_ar_reference", lambda *args: ran.append("reference"))
+    monkeypatch.setattr(generate_module, "_fixed_seconds", lambda *args: ran.append("fixed"))
+    for _ in range(3):
+        out = ssd_jax.generate(target, PROMPTS, max_new_tokens=12, method=ssd_jax.SD(draft_len="auto"), draft=draft)
+        assert out.stats["per_call"]
+    assert ran == [] and per_call.price_table() == {}

@@ -462,10 +462,11 @@ def choose(key, menu: Menu, acceptance: float) -> int:
 
 
 def ar_unpriced(key) -> bool:
-    """Whether AR's program was neither priced nor referenced under key (timings allowed): the
-    call then times it on its inputs before choosing (module docstring, `record_fixed`)."""
-    return (timings_allowed() and _PRICES.lookup((key, 0)) is None
-            and _PRICES.lookup((key, (FIXED, 0))) is None)
+    """Whether AR's program was not referenced under key (timings allowed; its mark, the fixed
+    part `record_fixed` keeps, dropped with the least recently used entries): the call then times
+    it on its inputs before choosing (module docstring). A price kept without its fixed part
+    would have AR's next call priced whole against steps priced past it."""
+    return timings_allowed() and _PRICES.lookup((key, (FIXED, 0))) is None
 
 
 def call_share(steps: int) -> float:
