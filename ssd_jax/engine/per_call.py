@@ -466,7 +466,7 @@ def ar_unpriced(key) -> bool:
     part `record_fixed` keeps, dropped with the least recently used entries): the call then times
     it on its inputs before choosing (module docstring). A price kept without its fixed part
     would have AR's next call priced whole against steps priced past it."""
-    return timings_allowed() and _PRICES.lookup((key, (FIXED, 0))) is None
+    return fixed_part_unknown(key, 0)
 
 
 def call_share(steps: int) -> float:
