@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import ssd_jax  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info  # noqa: E402
 from ssd_jax.backend import policy_for  # noqa: E402
-from ssd_jax.engine.autoregressive import loop_params  # noqa: E402
+from ssd_jax.runtime.loop_params import loop_params  # noqa: E402
 from ssd_jax.models.config import ModelConfig, RopeConfig  # noqa: E402
 from ssd_jax.models.kv_cache import init_cache  # noqa: E402
 from ssd_jax.models.params import init_params  # noqa: E402
@@ -189,7 +189,7 @@ def part_methods(args) -> list[dict]:
     from benchmarks.heldout_prompts import heldout_prompts
     from benchmarks.spec_harness import label, run_configs
 
-    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the README's GPU tables
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the GPU tables in docs/benchmarks.md
     prompts = heldout_prompts(target.tokenizer, count=args.prompts)
     rows = []
     for temperature in (0.0, 1.0):
@@ -293,11 +293,11 @@ def part_policy(args) -> list[dict]:
     from benchmarks.heldout_prompts import heldout_prompts
     from benchmarks.spec_harness import label, run_configs
     from ssd_jax import backend
-    from ssd_jax.engine import compile_cache
+    from ssd_jax.runtime import compile_cache
 
     platform = backend.default_platform()
     original = backend.POLICIES[platform]
-    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the README's GPU tables
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft of the GPU tables in docs/benchmarks.md
     prompts = heldout_prompts(target.tokenizer, count=max(2, args.prompts // 2))
     big = random_model(llama_shape("1B", args.quick), jnp.dtype(args.dtype))
     configs = [("ar", {}), ("sd", {}), ("logitspec", {"tree_capacity": 16}), ("csd", {})]
@@ -356,7 +356,7 @@ def part_matvec(args) -> list[dict]:
 def part_layout(args) -> list[dict]:
     """Exploration for the backend policy: AR on the 1B shape and on the embedded target with
     layers scanned (stacked params) against unrolled (`decode_params`), f32 against bf16."""
-    from ssd_jax.engine import autoregressive
+    from ssd_jax.loop import autoregressive
 
     rows = []
     original = autoregressive.unroll_layers

@@ -5,7 +5,7 @@ the method at every fixed L in --lengths, and draft_len="auto" (at each --thresh
 acceptance remembered by "auto" (and its verdicts to decode plainly from the start) is cleared before
 each set, so every set starts from the prior.
 Calibrations are measured in the run itself (kept in memory, not read from or written to the
-on-disk store, `ssd_jax.engine.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
+on-disk store, `ssd_jax.runtime.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
 --record-calibrations FILE keeps what the run measured, and --replay-calibrations FILE hands a
 later run (on another variant of the loop, with the same options) those prices instead of
 measuring (`benchmarks/calibration_replay.py`): each process's calibration differs enough to flip
@@ -46,7 +46,10 @@ from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E40
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
-from ssd_jax.engine import adaptive, per_call, plain_verdicts, ssd_auto  # noqa: E402
+from ssd_jax.tuning import adaptive  # noqa: E402
+from ssd_jax.tuning import per_call
+from ssd_jax.tuning import plain_verdicts
+from ssd_jax.ssd import auto as ssd_auto
 
 # A table must not depend on calibrations an earlier run left on disk.
 os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
@@ -171,7 +174,7 @@ def measure(args, target, draft, sizes: list[int], lengths: list[int], threshold
                     entries.append(dict(label=lab, speedup_vs_ar=row["tokens_per_second"] / ar_rate,
                                         paired_speedup_vs_ar=paired_speedup(rows[0], row), **row))
                 best, autos, ratios = auto_ratios(entries)
-                # auto_vs_*: paired (medians over rounds of same-round ratios, what the README
+                # auto_vs_*: paired (medians over rounds of same-round ratios, what docs/benchmarks.md
                 # reports); *_best_of: ratios of the fastest runs, which carry the drift between rounds.
                 case = dict(set=set_name, temperature=temperature, batch_size=batch_size, prompts=len(prompts),
                             configs=entries, **ratios,

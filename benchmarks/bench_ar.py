@@ -189,7 +189,7 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(os.cpu_count())
     import ssd_jax
-    from ssd_jax.engine.autoregressive import unroll_layers
+    from ssd_jax.loop.autoregressive import unroll_layers
 
     info = machine_info()
     info["torch_threads"] = torch.get_num_threads()

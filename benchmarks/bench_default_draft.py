@@ -18,7 +18,8 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import run_configs  # noqa: E402
-from ssd_jax.engine import adaptive, plain_verdicts  # noqa: E402
+from ssd_jax.tuning import adaptive  # noqa: E402
+from ssd_jax.tuning import plain_verdicts
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DRAFTS = ("draft", "draft_small")

@@ -125,8 +125,8 @@ def run_ssd(target, draft, prompts, temperature, new_tokens, options, *, sync_pr
     import jax
 
     from benchmarks.spec_harness import method_object
-    from ssd_jax.engine.prompts import prepare_prompts
-    from ssd_jax.engine.ssd import generate_ssd
+    from ssd_jax.runtime.prompts import prepare_prompts
+    from ssd_jax.ssd.host_loop import generate_ssd
     from ssd_jax.generate import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
@@ -193,7 +193,7 @@ def worker(setup: str, quick: bool, prompts_count: int, new_tokens: int) -> dict
     from benchmarks.spec_harness import run_config
 
     info = machine_info()
-    target, draft = ssd_jax.default_models(draft="draft")  # the draft the README's SSD tables used
+    target, draft = ssd_jax.default_models(draft="draft")  # the draft the SSD table in docs/benchmarks.md used
     prompts = heldout_prompts(target.tokenizer, prompts_count)
     runs = []
     two = len(jax.devices()) > 1

@@ -92,7 +92,7 @@ def agreement(config: str, runs: dict[str, list[dict]]) -> bool | None:
     """At T=0, whether every run of a configuration (each state and repeat: compiled afresh, read
     back from the compile cache and the program store, or compiled without them) printed the same
     tokens; None where that is not a check (sampling, or streamed runs, which print no tokens). A
-    program read back whole (`ssd_jax.engine.program_store`) must decode what the compiled one did."""
+    program read back whole (`ssd_jax.runtime.program_store`) must decode what the compiled one did."""
     printed = [r["token_ids"] for state_runs in runs.values() for r in state_runs if r.get("token_ids") is not None]
     if not greedy(config) or not printed:
         return None

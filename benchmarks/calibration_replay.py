@@ -1,6 +1,6 @@
 """Calibrations of adaptive speculation recorded by one benchmark run and replayed in another.
 
-Each process measures its own step prices (`ssd_jax.engine.adaptive._calibrate`), and on a small
+Each process measures its own step prices (`ssd_jax.tuning.adaptive._calibrate`), and on a small
 CPU they differ between processes enough to flip a near-tie between two caps: a cell of
 `bench_adaptive.py` moves by +-0.05 between runs of the same code. To compare two variants of the
 adaptive loop, one run records what it measured, in call order, and the other (on the other
@@ -15,7 +15,8 @@ import json
 from contextlib import contextmanager
 
 from benchmarks.common import write_json
-from ssd_jax.engine import adaptive, against_ar
+from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import against_ar
 
 
 class ReplayError(RuntimeError):
@@ -25,7 +26,7 @@ class ReplayError(RuntimeError):
 
 @contextmanager
 def calibrations(record: str | None = None, replay: str | None = None):
-    """Within the block, `ssd_jax.engine.adaptive._calibrate` records what it measures, in call
+    """Within the block, `ssd_jax.tuning.adaptive._calibrate` records what it measures, in call
     order, to the JSON file `record` (rewritten whole after each), or returns the entries of the file
     `replay` in order instead of measuring (and no call is checked against AR's program) (ReplayError when they run out or differ in length
     from what the program's loop takes). Neither: measured as usual."""

@@ -4,7 +4,7 @@ A call of draft_len="auto" that ran every step at cap c should cost what fixed L
 costs more is the loop's overhead (its memories, choices, dispatch), which no choice of cap can
 win back. This script compiles both programs of one method, batch, prompt set and temperature
 through `ssd_jax.generate` and times, interleaved over --rounds rounds, the "auto" program forced
-to each cap (the loop inputs its calibration uses, `ssd_jax.engine.adaptive.force_cap`; forced
+to each cap (the loop inputs its calibration uses, `ssd_jax.tuning.adaptive.force_cap`; forced
 plain for cap 0) against the fixed program of that length (AR's for cap 0), each over the whole
 call. Per round it reports each program's seconds per target call; the ratio auto / fixed is the
 trimmed mean of the rounds' ratios.
@@ -37,13 +37,14 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.spec_harness import generate_kwargs  # noqa: E402
-from ssd_jax.engine import adaptive, compile_cache  # noqa: E402
+from ssd_jax.tuning import adaptive  # noqa: E402
+from ssd_jax.runtime import compile_cache
 
 
 def captured_program(run_call) -> tuple:
     """(executable, args) of the decode program `run_call()` (one `ssd_jax.generate` call) runs:
     the first decode program it compiled or found in the compile cache (an "auto" call may then
-    compile AR's program to judge itself against, `ssd_jax.engine.against_ar`)."""
+    compile AR's program to judge itself against, `ssd_jax.tuning.against_ar`)."""
     seen = []
     original = compile_cache.PROGRAMS.compiled
 
@@ -63,7 +64,7 @@ def captured_program(run_call) -> tuple:
 
 def auto_program(target, draft, prompts, method: str, new_tokens: int, temperature: float) -> tuple:
     """(executable, args) of method's "auto" program with its calibrated cost inputs as the last
-    argument (`ssd_jax.engine.adaptive.calibrated_inputs`)."""
+    argument (`ssd_jax.tuning.adaptive.calibrated_inputs`)."""
     kwargs = generate_kwargs(method, {"num_draft_tokens": "auto"}, draft, new_tokens, temperature)
     inputs = []
     original = adaptive.calibrated_inputs

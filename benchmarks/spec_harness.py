@@ -37,8 +37,8 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
 
 
 # Stats of a configuration's first (compiling, untimed) call kept as its "first_call" where the
-# call ran the adaptive loop: that call's verdicts (`ssd_jax.engine.against_ar`,
-# `ssd_jax.engine.plain_verdicts`) decide whether the timed calls after it start plain, and its
+# call ran the adaptive loop: that call's verdicts (`ssd_jax.tuning.against_ar`,
+# `ssd_jax.tuning.plain_verdicts`) decide whether the timed calls after it start plain, and its
 # choices are otherwise lost (an H200 run of SD at batch 8 timed only AR's program after one).
 FIRST_CALL_STATS = ("target_calls", "mean_draft_len", "ar_fallback_share", "steps_by_cap", "loses_to_ar",
                     "priced_speedup_vs_ar", "ar_step_over_loop_plain", "loop_costs")
@@ -94,7 +94,7 @@ SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s",
 
 
 def call_trace(stats: dict) -> dict:
-    """What one per-call "auto" call (`ssd_jax.engine.per_call`, or SSD's) ran and what it cost:
+    """What one per-call "auto" call (`ssd_jax.tuning.per_call`, or SSD's) ran and what it cost:
     its length (0: AR's program), path count where chosen, SSD's `SSD_TRACE_STATS` where it ran
     SSD, seconds (the call end to end but its compile
     where timed, `timed_generate`; else the run), compile seconds, target calls and tokens; a

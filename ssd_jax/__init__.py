@@ -5,8 +5,8 @@ Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `
 """
 
 from ssd_jax.defaults import default_models
-from ssd_jax.engine.compile_cache import use_persistent_cache
-from ssd_jax.engine.output import GenerateOutput
+from ssd_jax.runtime.compile_cache import use_persistent_cache
+from ssd_jax.runtime.output import GenerateOutput
 from ssd_jax.errors import CheckpointError, ConfigError, InputError, SsdJaxError
 from ssd_jax.decode import DecodeOutput, decode
 from ssd_jax.draft.maxgram import MaxGram

@@ -68,7 +68,7 @@ The choices, per platform (each measured; the numbers are in benchmarks/results/
   same tokens per step, H200). On GPU an "auto" call of one row of a synchronous method (SD, BV,
   SpecInfer, SpecTr, GBV, PLD, LogitSpec, CSD) therefore runs the fixed program (or AR's) that
   the cost model picks before the call from the pair's remembered acceptance and the programs'
-  measured step times and tokens per step (`ssd_jax.engine.per_call`); on an H200 at batch 1
+  measured step times and tokens per step (`ssd_jax.tuning.per_call`); on an H200 at batch 1
   (2026-11-28) SD ran 0.91-1.02 of its best fixed length, PLD 1.00-1.02 at T=0, CSD 0.98-1.03,
   where the loop had run 0.82-0.96; GBV and PLD at T=1 missed AR's speed by pricing AR's program
   off the drafted programs' surplus, fixed since (AR's program timed, paths chosen per call),

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine.auto_shape import shaped
-from ssd_jax.engine.decoder import DecodeOutput, decode_arrays, split_cascade
-from ssd_jax.engine.prompts import row_keys
+from ssd_jax.tuning.auto_shape import shaped
+from ssd_jax.loop.decoder import DecodeOutput, decode_arrays, split_cascade
+from ssd_jax.runtime.prompts import row_keys
 from ssd_jax.errors import InputError
 from ssd_jax.methods import CSD, SSD, Method, as_method, for_target
 from ssd_jax.model import Model
@@ -63,7 +63,7 @@ def check_models(method: Method, target: Model, draft, sampling: SamplingParams)
         for i, m in enumerate(models):
             _model(f"draft[{i}]", m)
             check_same_tokenizer(target, m)
-        from ssd_jax.engine.cascade import cascade_lenience, cascade_schedule
+        from ssd_jax.loop.cascade import cascade_lenience, cascade_schedule
 
         cascade_lenience(method, sampling)
         if cascade_schedule(method, len(models), sampling).uses_maxgram and maxgram is None:
@@ -89,7 +89,7 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
     if name == "logitspec":
         return max(logitspec_layout(n, method.topk, method.tree_size).num_nodes for n in range(1, method.max_len + 1))
     if name == "csd":
-        from ssd_jax.engine.cascade import cascade_schedule
+        from ssd_jax.loop.cascade import cascade_schedule
 
         schedule = cascade_schedule(method, len(split_cascade(draft)[0]), sampling)
         return schedule.width + schedule.max_pending + 1

@@ -14,15 +14,17 @@ import numpy as np
 
 from ssd_jax.backend import policy_for
 from ssd_jax.decode import check_models, check_positions
-from ssd_jax.engine import per_call, plain_verdicts, ssd_auto
-from ssd_jax.engine.adaptive import timings_allowed
-from ssd_jax.engine.auto_shape import open_paths, shaped
-from ssd_jax.engine.autoregressive import loop_params
-from ssd_jax.engine.compile_cache import PROGRAMS, signature
-from ssd_jax.engine.decoder import begin_arrays, decode_arrays, resume_arrays, split_cascade
-from ssd_jax.engine.output import GenerateOutput, generate_output
-from ssd_jax.engine.prompts import bucket, prepare_prompts, row_keys
-from ssd_jax.engine.streaming import stream_pieces
+from ssd_jax.tuning import per_call
+from ssd_jax.tuning import plain_verdicts
+from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.tuning.adaptive import timings_allowed
+from ssd_jax.tuning.auto_shape import open_paths, shaped
+from ssd_jax.runtime.loop_params import loop_params
+from ssd_jax.runtime.compile_cache import PROGRAMS, signature
+from ssd_jax.loop.decoder import begin_arrays, decode_arrays, resume_arrays, split_cascade
+from ssd_jax.runtime.output import GenerateOutput, generate_output
+from ssd_jax.runtime.prompts import bucket, prepare_prompts, row_keys
+from ssd_jax.runtime.streaming import stream_pieces
 from ssd_jax.errors import InputError
 from ssd_jax.methods import AR, DEFAULT_METHOD, METHOD_CLASSES, METHODS, SSD, Method, as_method, for_target  # noqa: F401
 from ssd_jax.model import Model
@@ -107,7 +109,7 @@ def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> di
         return dict(num_draft_tokens_per_step=nodes - 1, tree_nodes=nodes) if name == "logitspec" else \
             dict(num_draft_tokens_per_step=method.max_len, tree_nodes=method.max_len + 1)
     if name == "csd":
-        from ssd_jax.engine.cascade import cascade_lenience, cascade_schedule, cascade_stats
+        from ssd_jax.loop.cascade import cascade_lenience, cascade_schedule, cascade_stats
 
         schedule = cascade_schedule(method, len(split_cascade(draft)[0]), sampling)
         stats = dict(num_draft_tokens_per_step=schedule.target_width)
@@ -147,7 +149,7 @@ def generate(
     same key gives the same tokens as `ssd_jax.decode`.
     stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
     are produced (row b produced new_tokens[b, :counts[b]]): the decode runs in pieces of a few
-    tokens, doubling while a piece takes under 0.1 s (`ssd_jax.engine.streaming`), each piece one
+    tokens, doubling while a piece takes under 0.1 s (`ssd_jax.runtime.streaming`), each piece one
     read back to the host, by programs the persistent compilation cache keeps. A
     fixed method streams the tokens of the unstreamed call; under draft_len "auto" each piece's
     end also ends the loop's phase, so at T > 0 the samples may differ (the law is the target's).
@@ -194,11 +196,11 @@ def generate(
 
 
 def _ssd_target(method: SSD, target: Model, draft: Model) -> Model:
-    """The target placed on SSD's target group (`ssd_jax.engine.ssd_placement`), where a call that
+    """The target placed on SSD's target group (`ssd_jax.ssd.placement`), where a call that
     a remembered verdict decodes plainly runs AR's loop: where SSD measured plain decoding's step
     that the verdict weighed, and where the SSD options put the target (unplaced, AR ran on the
     default device: with target_devices=[1], draft_devices=[0], on the draft's device 0)."""
-    from ssd_jax.engine.ssd_placement import placed_model, resolve_groups
+    from ssd_jax.ssd.placement import placed_model, resolve_groups
 
     target_devices, _ = resolve_groups(method.target_devices, method.draft_devices, target, draft)
     return placed_model(target, target_devices)
@@ -227,13 +229,13 @@ def _no_drafts() -> dict:
 def _generate_per_call(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
                        stream, verdict, paths_open: bool = False) -> GenerateOutput:
     """An "auto" call where the backend policy runs one fixed program chosen per call
-    (`ssd_jax.engine.per_call`): the method at the chosen length (and, paths_open, path count), or
+    (`ssd_jax.tuning.per_call`): the method at the chosen length (and, paths_open, path count), or
     AR's program (length 0), AR's program timed on these inputs first where no run of it is priced
     yet; the call's acceptance, tokens and seconds per target call are remembered for the next
     choice (the seconds not when streaming, whose host copies they would hold, nor on the call that
     compiled the program)."""
-    from ssd_jax.engine import adaptive
-    from ssd_jax.engine.auto_shape import PATH_CHOICES, path_acceptance
+    from ssd_jax.tuning import adaptive
+    from ssd_jax.tuning.auto_shape import PATH_CHOICES, path_acceptance
 
     start = time.perf_counter()
     context = batch.max_length + max_new_tokens // 2
@@ -376,7 +378,7 @@ def _with_budget(target: Model, args: tuple, tokens: int) -> tuple:
 def _generate_sync(method, target: Model, draft, batch, max_new_tokens: int, sampling: SamplingParams, key,
                    stream) -> GenerateOutput:
     """`generate` of every method but SSD: one jitted decode program, or streamed, two run in
-    pieces (`ssd_jax.engine.streaming`)."""
+    pieces (`ssd_jax.runtime.streaming`)."""
     draft = _colocated(method, target, draft)
     streaming = stream is not None
     fn, args, key_parts = _program(method, target, draft, batch, max_new_tokens, sampling, key)
@@ -434,7 +436,7 @@ def _run_seconds(executable, args: tuple) -> float:
 
 
 def _streamed(options: dict, program_key: tuple, args: tuple, sink, target: Model, auto) -> tuple:
-    """A decode streamed to sink in pieces (`ssd_jax.engine.streaming.stream_pieces`) by two
+    """A decode streamed to sink in pieces (`ssd_jax.runtime.streaming.stream_pieces`) by two
     programs from the compile cache, begin and resume (`decode_arrays`' options and arguments;
     resume's state donated), "auto"'s loop calibrated on the two run whole (`_InPieces`):
     (output, wall seconds, seconds compiling)."""
@@ -459,7 +461,7 @@ def _streamed(options: dict, program_key: tuple, args: tuple, sink, target: Mode
 class _InPieces:
     """A streamed call's begin and resume programs run to the end, as one callable with the
     unstreamed program's arguments and output (`DecodeOutput`): what "auto"'s calibration times
-    (`ssd_jax.engine.adaptive.calibrated_inputs`) and, by the two programs' text, keys on disk."""
+    (`ssd_jax.tuning.adaptive.calibrated_inputs`) and, by the two programs' text, keys on disk."""
 
     begin: object
     resume: object
@@ -494,14 +496,14 @@ def _inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
 def _against_ar(target: Model, batch, max_new_tokens: int, sampling: SamplingParams, key, loop_costs: list,
                 counters, num_tokens, loop_executable, loop_args: tuple, loop_key) -> dict:
     """Stats of an "auto" call that speculated, priced against AR's own program
-    (`ssd_jax.engine.against_ar`; counters: the call's spec counters on the host): loses_to_ar (the
+    (`ssd_jax.tuning.against_ar`; counters: the call's spec counters on the host): loses_to_ar (the
     next calls start plain), and where checked priced_speedup_vs_ar and ar_step_over_loop_plain.
     AR's program is the one a plain-from-start call runs, compiled here only for calls within
     `against_ar.GAIN_CHECK` of the loop's plain steps. Their step ratio is kept under loop_key (the
     loop's program key and argument signature, which fix AR's program too), so a later call does
     not build AR's program and inputs to find it (1.9 ms of host time a 128-token call, CPU), and
     on disk per loop program (`against_ar.stored_ratio`), so a later process does not either."""
-    from ssd_jax.engine import against_ar
+    from ssd_jax.tuning import against_ar
 
     by_cap = np.asarray(counters.cap_steps).tolist()
     plain_steps = int(counters.target_calls) - 1 - int(sum(by_cap))
@@ -553,7 +555,7 @@ class _Auto:
         kept under calibration_key): a short run forced to speculate and one forced to decode
         plainly give the step times that the per-forward measurement misses (sampling,
         verification, bookkeeping)."""
-        from ssd_jax.engine.adaptive import calibrated_inputs
+        from ssd_jax.tuning.adaptive import calibrated_inputs
 
         start = time.perf_counter()
         inputs = calibrated_inputs(executable, args, calibration_key, self.costs, self.loop_inputs,
@@ -565,7 +567,7 @@ class _Auto:
 
     def record(self, counters) -> dict:
         """Remembers the call's acceptance for the next plan; the stats of the plan."""
-        from ssd_jax.engine.adaptive import ACCEPTANCE, acceptance_of
+        from ssd_jax.tuning.adaptive import ACCEPTANCE, acceptance_of
 
         counters = jax.device_get(counters)
         observed = acceptance_of(int(np.sum(counters.num_accepted)), int(np.sum(counters.num_rejected)))
@@ -577,7 +579,7 @@ class _Auto:
 
 def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, batch, max_new_tokens: int) -> _Auto:
     """Measures the pair's costs (once per process and shape) and plans the call."""
-    from ssd_jax.engine import adaptive
+    from ssd_jax.tuning import adaptive
 
     start = time.perf_counter()
     costs = adaptive.measure_costs(target, adaptive.cost_draft(method, draft), batch.batch_size,
@@ -591,7 +593,7 @@ def _auto_plan(method, target: Model, draft: Model, sampling: SamplingParams, ba
 def _verdict_key(method, target: Model, draft, sampling: SamplingParams, batch, max_new_tokens: int) -> tuple:
     """What a "decode plainly from the start" verdict is remembered under (`ssd_auto.starts_plain`,
     `plain_verdicts.starts_plain`): the pair's weights, the method, sampling and the call's shapes."""
-    from ssd_jax.engine.adaptive import acceptance_key
+    from ssd_jax.tuning.adaptive import acceptance_key
 
     return (acceptance_key(target, draft, method, sampling), method, sampling, batch.batch_size,
             batch.tokens.shape[1], bucket(max_new_tokens))
@@ -600,9 +602,9 @@ def _verdict_key(method, target: Model, draft, sampling: SamplingParams, batch, 
 def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_tokens: int, sampling: SamplingParams,
                   key, stream, verdict_key) -> GenerateOutput:
     from ssd_jax.draft.fanout import max_budget
-    from ssd_jax.engine import adaptive
-    from ssd_jax.engine.ssd import generate_ssd
-    from ssd_jax.engine.ssd_placement import resolve_groups
+    from ssd_jax.tuning import adaptive
+    from ssd_jax.ssd.host_loop import generate_ssd
+    from ssd_jax.ssd.placement import resolve_groups
 
     if not method.adaptive:
         return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
@@ -638,7 +640,7 @@ def _generate_ssd(method: SSD, target: Model, draft: Model, batch, max_new_token
 
 
 def ssd_engine_options(method: SSD, draft_len: int | None = None) -> dict:
-    """`ssd_jax.engine.ssd.generate_ssd`'s keyword options from an SSD method object; draft_len:
+    """`ssd_jax.ssd.host_loop.generate_ssd`'s keyword options from an SSD method object; draft_len:
     the length to decode with (None: the method's, which must then be fixed, not "auto")."""
     draft_len = method.draft_len if draft_len is None else draft_len
     if not isinstance(draft_len, int):

@@ -24,7 +24,7 @@ import numpy as np
 from ssd_jax.errors import InputError
 
 # The one table of defaults. draft_len "auto" (every speculative method's default; an int fixes
-# it): adaptive speculation (`ssd_jax.engine.adaptive`): the cost model picks a length up to
+# it): adaptive speculation (`ssd_jax.tuning.adaptive`): the cost model picks a length up to
 # max_draft_len per call and falls back to plain decoding inside the loop when speculation does
 # not pay; single-path drafts are capped per step at the length that pays best, and stop early
 # per row when the draft's top probability falls below threshold (None: GREEDY_THRESHOLD at
@@ -43,14 +43,14 @@ DEFAULTS: dict[str, dict] = {
     "ar": {},
     "sd": dict(_ADAPTIVE),
     "bv": dict(_ADAPTIVE),
-    # paths None: chosen per call under "auto" (`ssd_jax.engine.auto_shape`: 1, 2 or 4 from the
+    # paths None: chosen per call under "auto" (`ssd_jax.tuning.auto_shape`: 1, 2 or 4 from the
     # measured costs and acceptance; 1 at temperature 0), FIXED_PATHS with a fixed draft_len.
     "specinfer": dict(_ADAPTIVE, paths=None),
     "spectr": dict(_ADAPTIVE, paths=None),
     "gbv": dict(_ADAPTIVE, paths=None),
     "pld": dict(draft_len=AUTO, min_ngram=1, max_ngram=3, max_draft_len=8),
     # tree_size None: under "auto" the largest of 8/16/32/64 nodes (at most the backend policy's)
-    # whose target forward costs at most 1.1x one token's, measured (`ssd_jax.engine.auto_shape`);
+    # whose target forward costs at most 1.1x one token's, measured (`ssd_jax.tuning.auto_shape`);
     # otherwise, and where nothing is measured, the backend policy's (`ssd_jax.backend`: 8 nodes
     # on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
@@ -257,7 +257,7 @@ class BV(_SinglePath):
 @dataclasses.dataclass(frozen=True)
 class _MultiPath(_Adaptive):
     """paths: K i.i.d. draft paths per row (None: chosen per call under "auto", 1, 2 or 4 from
-    measured costs and acceptance, see `ssd_jax.engine.auto_shape`; FIXED_PATHS with a fixed
+    measured costs and acceptance, see `ssd_jax.tuning.auto_shape`; FIXED_PATHS with a fixed
     draft_len). Under "auto" the K paths of a row share one length, chosen before drafting (cost
     model); no early stop inside a step: stopping on what the paths drafted breaks GBV's
     exactness."""
@@ -325,7 +325,7 @@ class PLD(_AutoLength):
 class LogitSpec(_AutoLength):
     """Retrieval for the root and the last logit's top-k next-next guesses, a token tree of at
     most tree_size nodes (root included; None: under "auto" sized from the measured cost of
-    wide target forwards, `ssd_jax.engine.auto_shape`, else the backend policy's size for the
+    wide target forwards, `ssd_jax.tuning.auto_shape`, else the backend policy's size for the
     target's platform, filled in by `for_target`); topk: the most next-next candidates (as many
     as the tree's nodes hold are used); draft_len: the root's retrieved branch ("auto": chosen
     per call, at most max_draft_len and tree_size - 2, and plain decoding while the tree does not
@@ -354,7 +354,7 @@ class CSD(Method):
     temperature 0 (None: 2 there, else 1); max_ngram: Max-Gram's longest n-gram;
     max_draft_tokens: the most draft tokens the target verifies per step (None: the default
     cascade's cap without a k_matrix, else all; "auto": None's cap, and plain decoding while the
-    cascade does not pay, `ssd_jax.engine.adaptive_loop`)."""
+    cascade does not pay, `ssd_jax.loop.adaptive_loop`)."""
 
     name: ClassVar[str] = "csd"
     k_matrix: tuple | None = _d("csd", "k_matrix")
@@ -384,7 +384,7 @@ class SSD(_AutoLength):
     `generate` runs it. fanout_acceptance / fanout_exponent: Saguaro's a and r (None: estimated
     online); target_devices / draft_devices: None = the visible devices split in two.
     draft_len "auto": L chosen per call by the cost model (at most max_draft_len), and the call
-    finishes by plain decoding once SSD measures slower than it (`ssd_jax.engine.ssd_auto`)."""
+    finishes by plain decoding once SSD measures slower than it (`ssd_jax.ssd.auto`)."""
 
     name: ClassVar[str] = "ssd"
     draft_len: int | str = _d("ssd", "draft_len")
@@ -418,7 +418,7 @@ SYNCHRONOUS = tuple(name for name in METHODS if name != "ssd")
 def for_target(method: Method, target) -> Method:
     """The method with the shape fields still None set: LogitSpec's tree_size to the backend
     policy's for the platform the target lives on, the multi-path methods' paths to FIXED_PATHS.
-    (`generate` and `decode` first let "auto" choose them, `ssd_jax.engine.auto_shape.shaped`.)"""
+    (`generate` and `decode` first let "auto" choose them, `ssd_jax.tuning.auto_shape.shaped`.)"""
     if isinstance(method, LogitSpec) and method.tree_size is None:
         from ssd_jax.backend import policy_for
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from ssd_jax.engine.adaptive import Recent
+from ssd_jax.tuning.adaptive import Recent
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 

@@ -127,7 +127,7 @@ def check_embedded(shapes: list[str], methods: list[str]) -> dict:
 
 
 def check_stream() -> dict:
-    """Streamed calls on a 2x2 mesh (`ssd_jax.engine.streaming`: the pieces' programs take the state,
+    """Streamed calls on a 2x2 mesh (`ssd_jax.runtime.streaming`: the pieces' programs take the state,
     the piece and the cost inputs placed on the mesh): AR at T=0, and SD at a fixed length at
     T=1 against the same call unstreamed; the sink's tokens against the output."""
     target = random_llama(0)

@@ -43,8 +43,8 @@ def _placements(seen: dict) -> dict:
 
 
 def run(check: str) -> dict:
-    from ssd_jax.engine.prompts import prepare_prompts
-    from ssd_jax.engine.ssd import generate_ssd
+    from ssd_jax.runtime.prompts import prepare_prompts
+    from ssd_jax.ssd.host_loop import generate_ssd
     from ssd_jax.generate import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
@@ -86,7 +86,7 @@ def run_plain() -> dict:
     """Where an SSD "auto" call that a remembered verdict decodes plainly runs AR's loop: the
     devices its target's params live on, and whether its tokens are AR's."""
     generate_module = sys.modules["ssd_jax.generate"]
-    from ssd_jax.engine import ssd_auto
+    from ssd_jax.ssd import auto as ssd_auto
 
     target = llama(64, 64, 2, seed=0)
     draft = noisy_copy(target, 0.03, 5)

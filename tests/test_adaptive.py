@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.engine import adaptive, adaptive_loop
-from ssd_jax.engine.decoder import decode_arrays
-from ssd_jax.engine.prompts import row_keys
+from ssd_jax.tuning import adaptive
+from ssd_jax.loop import adaptive_loop
+from ssd_jax.loop.decoder import decode_arrays
+from ssd_jax.runtime.prompts import row_keys
 from ssd_jax.errors import InputError
 from ssd_jax.metrics import speculative_stats
 from ssd_jax.sampling import SamplingParams
@@ -337,7 +338,7 @@ def test_pld_dispatches_its_caps_per_run_of_steps_at_batch_above_one(models, mon
     """Capped PLD compiles one step per cap from batch 2 (a per-step width switch copies the KV
     cache on CPU), keeps the per-step width at batch 1 (a row that found nothing costs a plain
     step), and LogitSpec and the GPU policy's single width have nothing to dispatch."""
-    from ssd_jax.engine.retrieval import RetrievalParts
+    from ssd_jax.loop.retrieval import RetrievalParts
 
     target, _ = models
 
@@ -411,7 +412,7 @@ def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len
         gpu_adaptive_policy(monkeypatch, steps_per_check=2)
         costs = DRAFT_THEN_PLAIN if method.drafts_with_model else CHEAP
     if isinstance(costs, str):
-        from ssd_jax.engine.speculative import SpeculativeParts
+        from ssd_jax.loop.speculative import SpeculativeParts
 
         monkeypatch.setattr(SpeculativeParts, "scan_caps_from_batch", SAMPLES + 1)
         costs = ALWAYS_SPECULATE
@@ -448,7 +449,7 @@ def test_sampled_law_when_decoded_in_pieces(tiny_models, method, costs):
     `resume_arrays` pausing once every row has one more token): each pause ends the loop's phase
     (the draft reads the tokens it missed, the next phase starts afresh), and the law over 3
     tokens stays the target's."""
-    from ssd_jax.engine.decoder import begin_arrays, resume_arrays
+    from ssd_jax.loop.decoder import begin_arrays, resume_arrays
 
     target, draft = tiny_models
     draft = draft if method.drafts_with_model else None
@@ -530,7 +531,8 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     the program run AR's loop from the start, all but a probe every PROBE_EVERY calls (doubling
     while probes decode plainly again, up to PROBE_EVERY_MAX); a probe whose loop speculated ends
     it. The tokens are AR's every time; SSD_JAX_DETERMINISTIC_AUTO=1 remembers nothing."""
-    from ssd_jax.engine import against_ar, plain_verdicts
+    from ssd_jax.tuning import against_ar
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
@@ -571,7 +573,7 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
 def test_a_call_of_the_prefill_alone_leaves_the_verdict_alone(models, monkeypatch):
     """A 1-token call runs no loop step (its token is the prefill's), so its plain share (0.0)
     says nothing: recorded, it ended a plain verdict of the calls of its output bucket."""
-    from ssd_jax.engine import plain_verdicts
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
@@ -589,7 +591,8 @@ def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
     step measured against the loop's plain step, `against_ar.ar_step_ratio`) makes the next calls
     start plain, as a call that decoded plainly does; one that beats it does not. Calls that
     clearly pay (below GAIN_CHECK of the loop's plain steps) never time AR's program."""
-    from ssd_jax.engine import against_ar, plain_verdicts
+    from ssd_jax.tuning import against_ar
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
@@ -622,7 +625,8 @@ def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
 def _ar_ratio_calls(models, monkeypatch, calls: int = 2):
     """Runs `calls` PLD "auto" calls on the tiny pair that always check AR's step ratio (never
     a verdict): (each call's ratio, the ratios measured: once per key, the later calls reading it)."""
-    from ssd_jax.engine import against_ar, plain_verdicts
+    from ssd_jax.tuning import against_ar
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
@@ -648,7 +652,7 @@ def test_ar_step_ratio_is_measured_once_per_key(models, monkeypatch):
     programs of a real call: finite and positive, measured once per key (the second call reuses
     it). Its size is wall-clock time on a shared machine (kept whatever it is here), so only the
     arithmetic is pinned down (next test)."""
-    from ssd_jax.engine import against_ar
+    from ssd_jax.tuning import against_ar
 
     monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
     ratios, measured = _ar_ratio_calls(models, monkeypatch)
@@ -662,7 +666,7 @@ def test_ar_step_ratio_is_the_per_step_difference_of_both_programs(models, monke
     ratio of whole-run times, or of times over all steps, would not be). A ratio no two programs
     of one target forward per token can have (5 here) is noise: no ratio, so no verdict, and it
     is not measured again for the key."""
-    from ssd_jax.engine import against_ar
+    from ssd_jax.tuning import against_ar
 
     real_timed_run = against_ar.timed_run
     ar_step = {"s": 1.25e-3}
@@ -694,7 +698,8 @@ def test_a_call_of_few_tokens_calibrates_with_the_program_s_output_width(models,
     of 16 (the program's width, below _CALIBRATION_TOKENS), not of its own max_new (a call of one
     token timed only noise: on the tiny pair it priced the speculative step at a quarter of its
     cost, and the calls after it decided with that)."""
-    from ssd_jax.engine import against_ar, plain_verdicts
+    from ssd_jax.tuning import against_ar
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
@@ -727,7 +732,7 @@ def test_pricing_a_call_at_the_loop_s_prices():
     """A step at a cap the calibration timed costs that time, other caps the fixed cost plus a draft
     forward per extra token; plain steps the plain price; a call is judged against AR only where
     it is priced within GAIN_CHECK of its plain steps, and lost unless it beats AR by GAIN_MARGIN."""
-    from ssd_jax.engine import against_ar
+    from ssd_jax.tuning import against_ar
 
     costs = [1.0, 1.5, 0.25, 0.7, 0.0, 1.4, 0.0, 0.0, 3.0]     # t_ar, t_spec, c_draft, prior, cap; caps 1..4
     assert against_ar.step_price(costs, 1) == 1.4 and against_ar.step_price(costs, 4) == 3.0
@@ -751,7 +756,7 @@ def test_each_program_is_calibrated_on_its_own(models, monkeypatch):
     """The loop's costs are calibrated once per compiled program, argument shapes included: a
     call whose prompts fall in another length bucket (another program, other step costs) is
     measured anew, while a repeated shape reuses the calibration."""
-    from ssd_jax.engine import against_ar
+    from ssd_jax.tuning import against_ar
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
@@ -785,7 +790,7 @@ def test_deterministic_auto_decides_without_timings(models, monkeypatch):
 
 @pytest.mark.parametrize("scan_from", [2, 3], ids=["scan-per-cap", "while-loop"])
 def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from, monkeypatch):
-    from ssd_jax.engine.speculative import SpeculativeParts
+    from ssd_jax.loop.speculative import SpeculativeParts
 
     monkeypatch.setattr(SpeculativeParts, "scan_caps_from_batch", scan_from)
     target, draft = models
@@ -833,7 +838,7 @@ def within_remaining_reference(mean, sd, remaining):
 def test_tokens_per_step_count_only_what_a_row_can_keep():
     """The moments the loop prices caps by count a row's tokens up to those it has left: never
     more than r, one token (no spread) at r = 1."""
-    from ssd_jax.engine.adaptive_loop import tokens_moments, within_remaining
+    from ssd_jax.loop.adaptive_loop import tokens_moments, within_remaining
 
     reached = np.full((4, 5), 10.0, np.float32)
     accepted = 0.8 * reached
@@ -848,7 +853,7 @@ def test_tokens_per_step_count_only_what_a_row_can_keep():
 def test_batch_steps_are_the_slowest_running_rows():
     """A batch needs the steps of its slowest running row: the renewal count r / E, plus the
     expected largest of its rows' spreads at batch > 1 (none for one row)."""
-    from ssd_jax.engine.adaptive_loop import batch_steps, expected_largest_normal
+    from ssd_jax.loop.adaptive_loop import batch_steps, expected_largest_normal
 
     assert float(expected_largest_normal(1)) == pytest.approx(0.0, abs=1e-6)
     assert float(expected_largest_normal(2)) == pytest.approx(0.59, abs=0.01)
@@ -874,7 +879,7 @@ def test_batch_steps_are_the_slowest_running_rows():
 def test_a_slow_row_shortens_the_batch_cap():
     """With one row that accepts little, a batch's cap is the one that finishes that row soonest,
     not the mean row's (at batch 8 the mean row's acceptance chose caps that lost 20-30%)."""
-    from ssd_jax.engine.adaptive_loop import batch_steps, tokens_moments
+    from ssd_jax.loop.adaptive_loop import batch_steps, tokens_moments
 
     L = 8
     cost = 1.0 + 0.3 * np.arange(L)   # a spec step at cap l: 1 + 0.3 (l - 1) AR steps
@@ -893,7 +898,7 @@ def test_cap_choice_sticks_where_caps_are_dispatched():
     current cap stays unless another is SWITCH_MARGIN faster (near ties made SD flip between caps
     1 and 2 every few steps at batch 8, 0.93 of fixed L=2 against 0.99 with the margin); exact
     ties go to the longer cap."""
-    from ssd_jax.engine.adaptive_loop import SWITCH_MARGIN, cap_index
+    from ssd_jax.loop.adaptive_loop import SWITCH_MARGIN, cap_index
 
     near = 1 - SWITCH_MARGIN / 2
     seconds = np.asarray([10.0, 10.0 * near, 12.0, np.inf], np.float32)
@@ -914,7 +919,7 @@ def test_stale_next_cap_gets_a_probe():
     candidate instead, if the model prices it within PROBE_WITHIN of the current cap; fresh
     evidence, the longest cap, a next cap priced far dearer, or only finished rows holding the
     evidence leave it where it is."""
-    from ssd_jax.engine.adaptive_loop import PROBE_BELOW, PROBE_WITHIN, probe_up
+    from ssd_jax.loop.adaptive_loop import PROBE_BELOW, PROBE_WITHIN, probe_up
 
     candidate = np.asarray([True, True, False, True, False, False, False, True])
     running = np.ones(4, bool)
@@ -942,7 +947,7 @@ def test_unmeasured_positions_get_an_optimistic_acceptance():
     """The cap choice's optimism (EXPLORE standard errors) lifts a position's acceptance the less
     it was measured, and not at all where the evidence is overwhelming; a position measured low
     a few times and then decayed gets tried again."""
-    from ssd_jax.engine.adaptive_loop import EXPLORE, reach_probabilities
+    from ssd_jax.loop.adaptive_loop import EXPLORE, reach_probabilities
 
     assert EXPLORE > 0
     reached = np.asarray([50.0, 50.0, 1.0, 1.0], np.float32)
@@ -963,7 +968,7 @@ def test_rows_borrow_the_batchs_acceptance_by_position():
     measured together counts: acceptance 0.92 at position 2 after 0.6 at position 1 reads 0.85,
     against 0.69 pulled towards the row's pooled acceptance alone. A position nobody reached keeps
     the pooled guess (shape 1), and rows that stopped running do not count."""
-    from ssd_jax.engine.adaptive_loop import position_shape, reach_probabilities
+    from ssd_jax.loop.adaptive_loop import position_shape, reach_probabilities
 
     reached = np.tile(np.asarray([30.0, 2.4], np.float32), (8, 1))
     accepted = np.tile(np.asarray([18.0, 2.2], np.float32), (8, 1))
@@ -1031,7 +1036,7 @@ def test_calibration_rounds_are_pooled_by_a_trimmed_mean():
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""
-    from ssd_jax.engine.adaptive_loop import expected_tokens_by_cap, tokens_mean_and_spread
+    from ssd_jax.loop.adaptive_loop import expected_tokens_by_cap, tokens_mean_and_spread
 
     alpha = np.asarray([0.9, 0.6, 0.5, 0.2], np.float32)
     reached = np.asarray([4.0, 3.0, 2.0, 1.0], np.float32) * 1e5   # enough evidence that pooling is negligible
@@ -1053,7 +1058,7 @@ def test_tokens_per_step_model_matches_enumeration():
 
 
 def test_verification_widths_follow_the_cap():
-    from ssd_jax.engine.speculative import SpeculativeParts
+    from ssd_jax.loop.speculative import SpeculativeParts
 
     def caps(L, threshold):
         return SpeculativeParts(method="sd", num_draft_tokens=L, num_paths=1, tparams={}, tcfg=None, dparams={},
@@ -1149,8 +1154,8 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
     """Under "auto" SD and CSD size their buffers for drafters that lag by a plain phase; the
     target's cache of a chain (one path, PLD, CSD) takes only the prompt and the outputs, a
     tree's also one step's room, and rows still reach max_new_tokens."""
-    from ssd_jax.engine.decoder import make_parts
-    from ssd_jax.engine.skeleton import target_capacity
+    from ssd_jax.loop.decoder import make_parts
+    from ssd_jax.loop.skeleton import target_capacity
 
     target, draft = models
     plan = adaptive.AutoPlan(draft_len=8, threshold=0.5, capped=True)

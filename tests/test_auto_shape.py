@@ -1,4 +1,4 @@
-"""Size-aware shapes under draft_len="auto" (`ssd_jax.engine.auto_shape`): LogitSpec's node budget
+"""Size-aware shapes under draft_len="auto" (`ssd_jax.tuning.auto_shape`): LogitSpec's node budget
 from measured wide forwards, the multi-path methods' path count from the cost model; exactness
 with the chosen shapes; the fields' bad input."""
 
@@ -10,7 +10,8 @@ import pytest
 
 import ssd_jax
 from ssd_jax import backend
-from ssd_jax.engine import adaptive, auto_shape
+from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import auto_shape
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from spec_models import pair

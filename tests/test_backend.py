@@ -194,7 +194,7 @@ def test_ar_padded_to_the_policy_rows_gives_the_same_tokens(monkeypatch):
     copies of itself and comes back alone, with the tokens of the unpadded decode, greedy and sampled."""
     import dataclasses
 
-    from ssd_jax.engine import compile_cache
+    from ssd_jax.runtime import compile_cache
 
     target, _ = ssd_jax.default_models()
     ids = target.tokenizer.encode("def main():").ids
@@ -219,7 +219,8 @@ def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
     import dataclasses
 
     from ssd_jax.draft.model_chain import draft_paths
-    from ssd_jax.engine import compile_cache, speculative
+    from ssd_jax.runtime import compile_cache
+    from ssd_jax.loop import speculative
 
     target, draft = ssd_jax.default_models()
     ids = target.tokenizer.encode("def main():").ids

@@ -112,7 +112,7 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
     import dataclasses
 
     from ssd_jax import backend
-    from ssd_jax.engine import per_call
+    from ssd_jax.tuning import per_call
 
     here = backend.default_platform()
     monkeypatch.setitem(backend.POLICIES, here,
@@ -157,7 +157,7 @@ def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
     what one run measured is returned, in order, to the next instead of measuring; a file that
     runs out or was recorded for another program is refused, naming it."""
     from benchmarks import calibration_replay
-    from ssd_jax.engine import adaptive
+    from ssd_jax.tuning import adaptive
 
     measured = iter([(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)])
     monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: next(measured))
@@ -182,11 +182,11 @@ def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
 
 
 def test_a_call_is_priced_by_its_steps_at_each_cap():
-    """`adaptive_steps.py --priced` (`ssd_jax.engine.against_ar`'s prices): a step at a cap the calibration
+    """A call priced at its steps (`ssd_jax.tuning.against_ar`'s prices): a step at a cap the calibration
     timed costs that time, at an untimed cap the speculative step plus a draft forward per extra
     token, a plain step the AR step; a call's seconds sum its steps (which at T=0 compares two
     loops' choices exactly)."""
-    from ssd_jax.engine.against_ar import call_seconds as priced_seconds, step_price
+    from ssd_jax.tuning.against_ar import call_seconds as priced_seconds, step_price
 
     # The loop's cost inputs: AR, spec, forward, prior, forced cap; then caps 1, 2, (3), 4 timed.
     loop_costs = [1.0, 1.2, 0.1, 0.7, 0.0, 1.25, 1.5, 0.0, 2.0]

@@ -1,4 +1,4 @@
-"""Adaptive speculation's calibrations kept on disk (`ssd_jax.engine.calibration_store`): measured
+"""Adaptive speculation's calibrations kept on disk (`ssd_jax.runtime.calibration_store`): measured
 once per program and machine, found again by a new process, never read half-written."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.engine import adaptive, against_ar, calibration_store
+from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import against_ar
+from ssd_jax.runtime import calibration_store
 from spec_models import pair
 
 TESTS = os.path.dirname(__file__)
@@ -27,10 +29,11 @@ ROOT = os.path.dirname(TESTS)
 SCRIPT = """
 import json
 import ssd_jax
-from ssd_jax.engine import adaptive
+from ssd_jax.tuning import adaptive
 from spec_models import pair
 
-from ssd_jax.engine import against_ar, calibration_store
+from ssd_jax.tuning import against_ar
+from ssd_jax.runtime import calibration_store
 
 # Never checked against AR's program: its ratio, kept on disk too, is another test's subject (and
 # on a loaded machine a first process can measure it implausible and keep nothing).
@@ -167,7 +170,7 @@ def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):
     """AR's step over the loop's plain step (measured for calls near a tie with AR) is kept beside
     the loop's calibration: a later process (its memory cleared here) reads it instead of
     building and timing AR's program, and gets the same ratio."""
-    from ssd_jax.engine import plain_verdicts
+    from ssd_jax.tuning import plain_verdicts
 
     monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
@@ -192,7 +195,7 @@ def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):
 
 # A key `calibration_store.path_for` names by its text (no program needed): (static key, signature).
 def _key(name: str) -> tuple:
-    from ssd_jax.engine.compile_cache import signature
+    from ssd_jax.runtime.compile_cache import signature
 
     return (name, signature((np.zeros(2, np.float32),)))
 

@@ -21,7 +21,7 @@ from ssd_jax.draft import cascade as cascade_draft
 from ssd_jax.draft.cascade_review import sampled_review
 from ssd_jax.draft.cascade_schedule import build_schedule, default_k_matrix
 from ssd_jax.draft.maxgram import maxgram_draft
-from ssd_jax.engine import compile_cache
+from ssd_jax.runtime import compile_cache
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from spec_models import llama, noisy_copy

@@ -45,7 +45,7 @@ def test_generate_reports_bad_input_cleanly(hf_family):
 
 def test_compile_cache_keeps_the_programs_for_the_next_run(hf_family, tmp_path):
     """--compile-cache DIR writes the run's compiled programs there (the decode program also whole,
-    `ssd_jax.engine.program_store`), and a second run loads them (it writes nothing new) and decodes
+    `ssd_jax.runtime.program_store`), and a second run loads them (it writes nothing new) and decodes
     the same tokens; a directory that cannot be made is a clean error."""
     directory, _ = hf_family("llama3")
     cache = tmp_path / "xla"
@@ -103,14 +103,14 @@ def test_the_default_compile_cache_is_bounded_where_jax_can_evict(tmp_path):
     compile."""
     script = """
 import json, jax
-from ssd_jax.engine import compile_cache
+from ssd_jax.runtime import compile_cache
 compile_cache._importable = lambda module: {present}
 chosen = compile_cache.use_command_line_cache(None)
 print(json.dumps([chosen, jax.config.jax_compilation_cache_max_size]))
 """
     env = {k: v for k, v in os.environ.items() if k not in ("SSD_JAX_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR")}
     env["XDG_CACHE_HOME"] = str(tmp_path)
-    from ssd_jax.engine.compile_cache import COMMAND_LINE_CACHE_BYTES
+    from ssd_jax.runtime.compile_cache import COMMAND_LINE_CACHE_BYTES
 
     for present, bound in ((True, COMMAND_LINE_CACHE_BYTES), (False, -1)):
         done = subprocess.run([sys.executable, "-c", script.format(present=present)], capture_output=True,

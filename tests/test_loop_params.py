@@ -7,8 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from ssd_jax.engine import autoregressive
-from ssd_jax.engine.autoregressive import loop_params, unroll_layers
+from ssd_jax.runtime import loop_params as loop_params_module
+from ssd_jax.loop.autoregressive import unroll_layers
+from ssd_jax.runtime.loop_params import loop_params
 from ssd_jax.models.transformer import decode_params
 from tests.spec_models import llama
 
@@ -29,20 +30,20 @@ def test_loop_params_are_made_once_and_already_decoded():
 
 
 def test_new_params_get_their_own_entry_and_the_cache_stays_small():
-    models = [llama(32, 16, 2, seed=s) for s in range(autoregressive._LOOP_PARAMS_KEPT + 2)]
+    models = [llama(32, 16, 2, seed=s) for s in range(loop_params_module._LOOP_PARAMS_KEPT + 2)]
     decoded = [loop_params(m) for m in models]
     assert len({id(d) for d in decoded}) == len(models)
-    assert len(autoregressive._LOOP_PARAMS) <= autoregressive._LOOP_PARAMS_KEPT
+    assert len(loop_params_module._LOOP_PARAMS) <= loop_params_module._LOOP_PARAMS_KEPT
     # A model with the same config but other weights never gets another model's weights.
     other = models[0].with_params(jax.tree.map(lambda x: x + 1, models[0].params))
     np.testing.assert_array_equal(np.asarray(loop_params(other)["embed"]), np.asarray(other.params["embed"]))
 
 
 def test_the_cache_holds_no_params_alive():
-    autoregressive._LOOP_PARAMS.clear()
+    loop_params_module._LOOP_PARAMS.clear()
     model = llama(32, 16, 2, seed=9)
     loop_params(model)
-    assert len(autoregressive._LOOP_PARAMS) == 1
+    assert len(loop_params_module._LOOP_PARAMS) == 1
     del model
     gc.collect()
-    assert len(autoregressive._LOOP_PARAMS) == 0
+    assert len(loop_params_module._LOOP_PARAMS) == 0

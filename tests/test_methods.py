@@ -69,7 +69,7 @@ def test_a_threshold_with_a_fixed_length_is_refused(cls):
     """The early stop is "auto"'s: with a fixed length a threshold would be ignored silently."""
     with pytest.raises(InputError, match=r"threshold=0.5 applies to draft_len=\"auto\" only.*draft_len=4"):
         cls(draft_len=4, threshold=0.5)
-    from ssd_jax.engine.per_call import fixed
+    from ssd_jax.tuning.per_call import fixed
 
     assert fixed(cls(threshold=0.5), 4) == cls(draft_len=4)   # the per-call choice's fixed programs
 

@@ -17,7 +17,7 @@ import pytest
 
 import ssd_jax
 from ssd_jax import backend
-from ssd_jax.engine import compile_cache
+from ssd_jax.runtime import compile_cache
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import init_cache
 from ssd_jax.models.pallas_attention import block_size, pallas_attention, supports

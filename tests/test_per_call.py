@@ -1,4 +1,4 @@
-"""draft_len="auto" chosen per call among fixed programs (`ssd_jax.engine.per_call`, the GPU policy
+"""draft_len="auto" chosen per call among fixed programs (`ssd_jax.tuning.per_call`, the GPU policy
 at one row): exact (each call runs a fixed program or AR's), the choice from the remembered
 acceptance and the programs' measured prices, probes while AR's program wins."""
 
@@ -15,8 +15,10 @@ import pytest
 import ssd_jax
 from ssd_jax import backend
 from ssd_jax.draft.maxgram import MaxGram
-from ssd_jax.engine import adaptive, compile_cache, per_call
-from ssd_jax.engine.adaptive import StepCosts
+from ssd_jax.tuning import adaptive
+from ssd_jax.runtime import compile_cache
+from ssd_jax.tuning import per_call
+from ssd_jax.tuning.adaptive import StepCosts
 from spec_models import pair
 
 PROMPTS = [[5, 9, 3, 7, 2, 11, 4]]
@@ -367,7 +369,7 @@ def test_ar_reference_times_ars_own_program(models, monkeypatch):
     """The choice's baseline: AR's program run on the call's inputs (again where this compiled
     it), the fastest of AR_REFERENCE_RUNS timed runs, its target calls, and the fastest of as
     many runs of it to one token (the call's fixed part)."""
-    from ssd_jax.engine.prompts import prepare_prompts
+    from ssd_jax.runtime.prompts import prepare_prompts
 
     target, _ = models
     batch = prepare_prompts(PROMPTS, target.config, 40)

@@ -1,4 +1,4 @@
-"""Compiled decode programs kept on disk whole (`ssd_jax.engine.program_store`): a later process
+"""Compiled decode programs kept on disk whole (`ssd_jax.runtime.program_store`): a later process
 loads a program instead of tracing it, and only where the program's key says everything about
 it."""
 
@@ -17,8 +17,9 @@ import pytest
 
 import ssd_jax
 from ssd_jax import backend
-from ssd_jax.engine import compile_cache, program_store
-from ssd_jax.engine.compile_cache import signature
+from ssd_jax.runtime import compile_cache
+from ssd_jax.runtime import program_store
+from ssd_jax.runtime.compile_cache import signature
 from spec_models import pair
 
 PROMPTS = [[3, 9, 4, 9, 4, 9, 4], [5, 1, 2]]
@@ -174,7 +175,7 @@ def test_an_entry_whose_bytes_changed_is_dropped_unrun(store, monkeypatch):
     """Bytes of the executable flipped inside an entry that still unpickles (a bad disk): run, such
     a copy crashed the process (SIGSEGV, SIGILL) on every later run; its sha256 no longer matches,
     so it is dropped and the program compiled again."""
-    from ssd_jax.engine.ssd_steps import select_q
+    from ssd_jax.ssd.steps import select_q
 
     args = (np.zeros((1, 3, 2, 39), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
     key = (("flipped",), signature(args), ())
@@ -202,7 +203,7 @@ def test_an_executable_jax_hands_back_without_compiling_is_not_kept(store):
     it, or under another key) gets JAX's earlier executable back without a compile; if that one was
     read from JAX's persistent cache it has no code, and a later process that loaded a copy of it
     would fail ("Function ... not found"), so only what JAX compiled in the call is kept."""
-    from ssd_jax.engine.ssd_steps import select_q
+    from ssd_jax.ssd.steps import select_q
 
     args = (np.zeros((1, 3, 2, 37), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
     sig = signature(args)

@@ -15,7 +15,8 @@ from method_options import make
 from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import logitspec_layout, rank_branch_length
-from ssd_jax.engine import compile_cache, retrieval
+from ssd_jax.runtime import compile_cache
+from ssd_jax.loop import retrieval
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.verify.point_tree import point_mass_chain, point_mass_tree

@@ -1,4 +1,4 @@
-"""Shadow evidence (`ssd_jax.engine.shadow`): walking a retrieval draft with the tokens plain
+"""Shadow evidence (`ssd_jax.loop.shadow`): walking a retrieval draft with the tokens plain
 decoding drew gives the accepted count's law of a speculative step on that draft; a draft model
 reading those tokens scores its acceptance at each of them."""
 
@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.engine.adaptive import AutoPlan
-from ssd_jax.engine.decoder import make_parts
-from ssd_jax.engine.shadow import chain_counts, matched_depth, shadow_counts
+from ssd_jax.tuning.adaptive import AutoPlan
+from ssd_jax.loop.decoder import make_parts
+from ssd_jax.loop.shadow import chain_counts, matched_depth, shadow_counts
 from ssd_jax.models.kv_cache import commit, init_cache
 from ssd_jax.models.transformer import forward_cached, forward_full
 from ssd_jax.sampling import SamplingParams, probabilities

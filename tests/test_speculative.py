@@ -10,9 +10,9 @@ import pytest
 
 import ssd_jax
 from method_options import make
-from ssd_jax.engine import compile_cache
+from ssd_jax.runtime import compile_cache
 from ssd_jax import verify
-from ssd_jax.engine import speculative
+from ssd_jax.loop import speculative
 from ssd_jax.errors import InputError
 from ssd_jax.sampling import SamplingParams
 from spec_models import exact_law, law_pair, llama, noisy_copy, pair
@@ -183,15 +183,15 @@ def test_target_cache_equals_fresh_prefill_of_the_emitted_text(models, method, o
 
     import jax.numpy as jnp
 
-    from ssd_jax.engine.autoregressive import prefill
-    from ssd_jax.engine.prompts import prepare_prompts, row_keys
+    from ssd_jax.loop.autoregressive import prefill
+    from ssd_jax.runtime.prompts import prepare_prompts, row_keys
     from ssd_jax.models.kv_cache import to_stacked
 
     target, draft = models
     rng = np.random.default_rng(7)
     prompts = [rng.integers(2, 64, n).tolist() for n in (5, 9)]
     batch = prepare_prompts(prompts, target.config, 40)
-    from ssd_jax.engine.skeleton import run
+    from ssd_jax.loop.skeleton import run
 
     obj = make(method, **options)
 

@@ -31,8 +31,9 @@ from method_options import make
 from ssd_jax import verify
 from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, uniform_fanout
 from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
-from ssd_jax.engine import ssd_auto, ssd_steps
-from ssd_jax.engine.autoregressive import prefill
+from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.ssd import steps as ssd_steps
+from ssd_jax.loop.autoregressive import prefill
 from ssd_jax.errors import InputError
 from ssd_jax.models.transformer import forward_full
 from ssd_jax.sampling import SamplingParams, probabilities
@@ -242,7 +243,7 @@ def test_switch_times_the_lookup_and_fallback_drafting_of_each_step(models, prom
     critical path): with 30 ms added there, every recorded step takes at least 30 ms. (Timed from
     the verify's dispatch only, SSD at T=1 read 0.64-0.74 of plain decoding's cost per token
     where its calls ran at 0.9-1.0x AR.)"""
-    import ssd_jax.engine.ssd as ssd_engine
+    import ssd_jax.ssd.host_loop as ssd_engine
 
     target, draft = models
     recorded: list[float] = []
@@ -481,7 +482,7 @@ def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference
     the remembered acceptance, and probes at ever new lengths compiled SSD's programs (~20 s on
     CPU) each time. Plain decoding's step is measured once for every length of these shapes.
     Outside probes every length stays open."""
-    from ssd_jax.engine import adaptive
+    from ssd_jax.tuning import adaptive
 
     target, draft = models
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
@@ -634,7 +635,7 @@ def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
     makes longer drafts pay: at prices like the embedded pair's on CPU the model alone stops short
     of the maximum where SSD ran fastest at it (held-out code, batch 1); at low acceptance the
     draft stays short."""
-    from ssd_jax.engine import adaptive
+    from ssd_jax.tuning import adaptive
 
     costs = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
     assert adaptive.choose_draft_len(costs, 0.8, 6) < 6
@@ -670,7 +671,7 @@ def test_colocated_ssd_prices_the_cache_build_per_draft_token(monkeypatch):
     build overlaps the verification and the costs stay the draft-model methods'. At the forward
     times of batch 4 on one CPU device (the embedded pair) the build's price moves the first
     call's length from 5 to 4 (L=5-6 ran 0.80-0.83x AR there, L=4 0.94-1.00x)."""
-    from ssd_jax.engine import adaptive
+    from ssd_jax.tuning import adaptive
 
     asked = []
 

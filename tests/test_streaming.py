@@ -1,5 +1,5 @@
 """Streaming of the synchronous methods: a decode run in pieces by two compiled programs
-(`ssd_jax.engine.streaming`), whose sink sees each piece's new tokens."""
+(`ssd_jax.runtime.streaming`), whose sink sees each piece's new tokens."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 import ssd_jax
 from ssd_jax.draft.maxgram import MaxGram
-from ssd_jax.engine import streaming
-from ssd_jax.engine.compile_cache import PROGRAMS
+from ssd_jax.runtime import streaming
+from ssd_jax.runtime.compile_cache import PROGRAMS
 from spec_models import pair
 
 

@@ -255,7 +255,7 @@ def run(args) -> int:
     import jax
 
     import ssd_jax
-    from ssd_jax.engine.compile_cache import use_command_line_cache
+    from ssd_jax.runtime.compile_cache import use_command_line_cache
 
     use_command_line_cache(args.compile_cache)
     if sys.stderr.isatty():   # a first run compiles and times for tens of seconds: say so

@@ -1,7 +1,7 @@
 """SSD under draft_len="auto": the draft length chosen per call by the cost model, and a host-side
 switch to plain decoding when SSD measures slower than the target alone.
 
-The length: the synchronous methods' cost model (`ssd_jax.engine.adaptive.choose_draft_len`)
+The length: the synchronous methods' cost model (`ssd_jax.tuning.adaptive.choose_draft_len`)
 with the draft's cache build priced where both models share devices (`build_priced`), SSD's own
 cost per step added (`step_overhead`: what its judged steps took beyond the model's target(L+1) +
 L draft forwards, measured on the program's recent calls; one target step before the first) and,
@@ -64,9 +64,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.draft import fanout
-from ssd_jax.engine import adaptive
-from ssd_jax.engine.adaptive import DecayedMeans, Recent, StepCosts, expected_tokens, timings_allowed, trimmed_mean
-from ssd_jax.engine.plain_verdicts import PlainVerdicts, calls_apart
+from ssd_jax.tuning import adaptive
+from ssd_jax.tuning.adaptive import DecayedMeans, Recent, StepCosts, expected_tokens, timings_allowed, trimmed_mean
+from ssd_jax.tuning.plain_verdicts import PlainVerdicts, calls_apart
 
 PLAIN_CHUNK = 16
 # Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
@@ -82,7 +82,7 @@ PROBE_EVERY = 8
 PROBE_EVERY_MAX = 64
 BACKOFF_RATIO = 1.15
 # A plain verdict's calls between probes: at least the probe's cost over this share (`remember`;
-# the per-call choice's probes keep to the same, `ssd_jax.engine.per_call.PROBE_OVERHEAD`).
+# the per-call choice's probes keep to the same, `ssd_jax.tuning.per_call.PROBE_OVERHEAD`).
 PROBE_OVERHEAD = 0.01
 PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
 NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
@@ -110,7 +110,7 @@ _LOCK = threading.Lock()
 def expected_largest_normal(count: int) -> float:
     """The expected largest of `count` standard normal draws (Blom's approximation): 0 for one,
     1.05 for four (exactly: 1.03), 1.43 for eight (1.42). The host twin of
-    `ssd_jax.engine.adaptive_loop.expected_largest_normal` (traced there), for SSD's host loop."""
+    `ssd_jax.loop.adaptive_loop.expected_largest_normal` (traced there), for SSD's host loop."""
     n = max(int(count), 1)
     return 0.0 if n == 1 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 
@@ -274,7 +274,7 @@ class PlainSwitch:
 def plain_step_seconds(key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
-    do not end within a chunk, `ssd_jax.engine.ssd._Decode.timing_state`): at the key's first
+    do not end within a chunk, `ssd_jax.ssd.host_loop._Decode.timing_state`): at the key's first
     call PLAIN_UNTIMED_RUNS runs (the first compiles; on one CPU device the runs right after it
     read 4.3 and 4.1 ms a step where later ones read 2.9-3.7), then PLAIN_TIMED_RUNS runs, their
     trimmed mean. Not their best: SSD's side of the comparison is a running mean of its steps, and

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from ssd_jax.engine.output import FINISH_EOS, FINISH_LENGTH
+FINISH_RUNNING, FINISH_EOS, FINISH_LENGTH = 0, 1, 2   # a row's finish reason (`DecodeOutput.finish_reason`)
 
 
 @struct.dataclass

@@ -50,7 +50,7 @@ def matched_depth(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray,
 def shadow_counts(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray, emitted: jax.Array,
                   emitted_len: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
     """(reached, accepted) float32 [B, draft_len]: the per-position counts
-    (`ssd_jax.engine.adaptive_loop.position_counts`) of a speculative step whose draft was the
+    (`ssd_jax.loop.adaptive_loop.position_counts`) of a speculative step whose draft was the
     tree (arguments as `matched_depth`), over the positions whose outcome the block shows, k <=
     emitted_len: a row that drew K tokens and matched all K reached K + 1 with its outcome unknown.
     A row whose tree holds no draft counts as reaching 1 and missing there, as in a real step."""

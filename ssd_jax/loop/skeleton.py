@@ -4,7 +4,7 @@ commit) and does the rest once: emission of the step's tokens, EOS and length li
 reasons and counters. The loop can also stop early and go on in a later program (`loop`'s
 pause_at): how `generate` streams, chunk by chunk, with programs that hold no host callback.
 
-A method supplies a `Parts` object (see `ssd_jax.engine.decoder.make_parts`):
+A method supplies a `Parts` object (see `ssd_jax.loop.decoder.make_parts`):
   capacity: int         KV cache slots of the method's buffers (the target's cache takes at most
                         the prompt, the outputs and one step's room: `target_capacity`);
   room: int             slots one step may need past the committed text (a row without them ends
@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.emission import Outputs, append, emitted_tokens, stop_rows
+from ssd_jax.loop.emission import Outputs, append, emitted_tokens, stop_rows
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
@@ -65,7 +65,7 @@ class Verdict:
     drafted int32 [B] tokens proposed, or None for `counter_width` per row; draft_forwards int32
     []: the draft forwards the step ran after its catch-up (adaptive speculation's cost input);
     token_law float32 [B]: a plain step's probability of next_token under the target's law, from
-    parts whose resync scores the draft (`ssd_jax.engine.shadow.chain_counts`), else None."""
+    parts whose resync scores the draft (`ssd_jax.loop.shadow.chain_counts`), else None."""
 
     tcache: KVCache
     inner: Any

@@ -2,7 +2,7 @@
 
 Target group: `target_prefill`, `target_verify`, `target_plain`. Draft group: `draft_prefill`, `draft_build`
 (the speculation cache), `fallback_model` / `fallback_ngram` (a next speculation on a miss),
-`select_q`. The host loop in `ssd_jax.engine.ssd` dispatches them asynchronously.
+`select_q`. The host loop in `ssd_jax.ssd.host_loop` dispatches them asynchronously.
 
 Invariants at the top of step s, per row (P = target cache length):
 - target cache: every emitted token but the last, `cur` (at position P);
@@ -27,8 +27,8 @@ from ssd_jax import verify
 from ssd_jax.draft.ngram import append_tokens, find_continuation, suffix_queries
 from ssd_jax.draft.saguaro import draft_chain, fork_tokens
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.engine.autoregressive import prefill, sample_rows
-from ssd_jax.engine.emission import Outputs, append, stop_rows
+from ssd_jax.loop.autoregressive import prefill, sample_rows
+from ssd_jax.loop.emission import Outputs, append, stop_rows
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit

@@ -1,5 +1,5 @@
 """Calibrations of adaptive speculation kept on disk: a compiled program's step costs are measured
-once per machine, not once per process (`ssd_jax.engine.adaptive.calibrated_inputs`).
+once per machine, not once per process (`ssd_jax.tuning.adaptive.calibrated_inputs`).
 
 Measuring them runs the program ~20 times on a few tokens: on the embedded pair on a 2-core CPU
 at batch 8, 3-8 s, several times a 128-token call itself, which every new process (the command
@@ -12,12 +12,12 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
     FORMAT (bumped whenever what a calibration measures changes)
 
 so another program, machine or library version never reads it. The per-forward timings the cost
-model starts from (`ssd_jax.engine.adaptive.forward_seconds`: 1 s a timed width on that machine,
+model starts from (`ssd_jax.tuning.adaptive.forward_seconds`: 1 s a timed width on that machine,
 ~3 s of a fresh process's first "auto" call) are kept the same way, as files named "forward-"
 and a digest of what decides the timed loop (`program_store.describe`: the models' config and
 shapes, the library's source, versions, machine; its lowered program where that says too
 little), and so is AR's step over the loop's plain step
-(`ssd_jax.engine.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
+(`ssd_jax.tuning.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
 timed AR's program again), as "ar-ratio-" files named like the loop's calibration. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
 absent (and is measured again and replaced).
@@ -121,13 +121,13 @@ def _kept_in() -> str | None:
 
 def path_for(executable, kind: str = "", key: tuple | None = None) -> str | None:
     """Where the program's calibration (kind "") is kept, or another measurement of the program
-    (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.engine.against_ar`); None where
+    (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.tuning.against_ar`); None where
     kept in memory only (no directory, several processes, no program text). key: the program's
     (static key, argument signature), named by `program_store.describe`'s text where that says
     everything about the program (hashing the optimized HLO text instead took 0.15 s of a later
     run of the default on a 2-core CPU: ~6 MB of it), else by the program's text. Computed once
     per program and kind."""
-    from ssd_jax.engine import program_store
+    from ssd_jax.runtime import program_store
 
     directory = _kept_in()
     if directory is None:
@@ -139,7 +139,7 @@ def path_for(executable, kind: str = "", key: tuple | None = None) -> str | None
 
 def path_for_text(kind: str, text: str) -> str | None:
     """Where a measurement of the program whose lowered text is `text` is kept (kind: what is
-    measured, the file name's prefix, e.g. "forward" for `ssd_jax.engine.adaptive.forward_seconds`);
+    measured, the file name's prefix, e.g. "forward" for `ssd_jax.tuning.adaptive.forward_seconds`);
     None where kept in memory only. Keyed by the text, so a change of the models' code measures
     again."""
     directory = _kept_in()

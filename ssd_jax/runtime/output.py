@@ -8,7 +8,8 @@ from typing import Any
 import jax
 import numpy as np
 
-FINISH_RUNNING, FINISH_EOS, FINISH_LENGTH = 0, 1, 2
+from ssd_jax.loop.emission import FINISH_EOS, FINISH_LENGTH, FINISH_RUNNING
+
 FINISH_NAMES = {FINISH_RUNNING: "running", FINISH_EOS: "eos", FINISH_LENGTH: "length"}
 
 

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ssd_jax.engine.params_cache import ParamsCache
+from ssd_jax.runtime.params_cache import ParamsCache
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig

@@ -21,7 +21,7 @@ independent guesses (that would be the exponent K); 0.2 fits the embedded pair a
 (benchmarks/results/speculative_sweep.json: one path's 0.74 per position becomes 0.79 with
 SpecInfer's 2 paths and 0.81 with 3). The loop's counters then report the real a_K, which the
 next call uses. At temperature 0 the K paths are copies of the argmax path, so K = 1. Where the
-backend policy chooses per call (`ssd_jax.engine.per_call`, a GPU at one row), K is chosen there
+backend policy chooses per call (`ssd_jax.tuning.per_call`, a GPU at one row), K is chosen there
 instead, each call, from the programs' measured prices: this model leaves out the verification
 and sampling that grow with K, which on a GPU, where the forwards of 4 paths cost one path's,
 decide it.
@@ -36,7 +36,7 @@ import dataclasses
 import numpy as np
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine import adaptive
+from ssd_jax.tuning import adaptive
 
 TREE_SIZES = (8, 16, 32, 64)
 TREE_TOLERANCE = 0.10
@@ -118,7 +118,7 @@ def choose_paths(method, target, draft, sampling, batch: int, context: int, meas
 def shaped(method, target, draft, sampling, batch: int, context: int, measure: bool = True, paths: bool = True):
     """The method with the shape fields left None that "auto" chooses here filled in (LogitSpec's
     tree_size, the multi-path methods' paths: not with paths False, where the caller chooses them,
-    `ssd_jax.engine.per_call`); unchanged for fixed lengths and set fields. What stays None,
+    `ssd_jax.tuning.per_call`); unchanged for fixed lengths and set fields. What stays None,
     `ssd_jax.methods.for_target` fills from the backend policy."""
     if not getattr(method, "adaptive", False):
         return method

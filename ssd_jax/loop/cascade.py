@@ -32,10 +32,10 @@ from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.engine.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
-from ssd_jax.engine.autoregressive import ARParts
-from ssd_jax.engine.shadow import scored_tokens
-from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
+from ssd_jax.loop.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
+from ssd_jax.loop.autoregressive import ARParts
+from ssd_jax.loop.shadow import scored_tokens
+from ssd_jax.loop.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, rollback
@@ -76,7 +76,7 @@ class CascadeParts:
     def room(self) -> int:
         return self.schedule.width + self.schedule.max_pending + 2
 
-    chain_writes = True   # the target verifies the block causally (`ssd_jax.engine.skeleton`)
+    chain_writes = True   # the target verifies the block causally (`ssd_jax.loop.skeleton`)
 
     @property
     def counter_width(self) -> int:
@@ -201,7 +201,7 @@ class CascadeParts:
         """Whether plain steps record their tokens' target probabilities for `scored_resync`: the
         largest drafter reviews last, so a draft has its law (at T=0 with lenience 1 its greedy
         continuation), and scoring it on the tokens plain steps drew tells the loop what
-        speculating would have had accepted (`ssd_jax.engine.shadow`). Not with a lenient review
+        speculating would have had accepted (`ssd_jax.loop.shadow`). Not with a lenient review
         (T=0's default), which lets near-argmax tokens into the drafts that the target rejects, so
         scoring the drafter's own argmax would overstate their acceptance; nor without a model."""
         return len(self.dparams) > 0 and self.lenience == 1.0
@@ -212,7 +212,7 @@ class CascadeParts:
 
     def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
         """`resync`, scoring the largest drafter on the tokens plain steps drew (arguments and
-        returns as `ssd_jax.engine.speculative.SpeculativeParts.scored_resync`): pending slot
+        returns as `ssd_jax.loop.speculative.SpeculativeParts.scored_resync`): pending slot
         k >= 1 holds the k-th token of the phase, the last (cur) at context position length - 1."""
         slots = jnp.arange(pending.shape[1] - 1, dtype=jnp.int32)[None, :]
         inner, logits = self._read_context(inner, inner.length[:, None] - pending_len[:, None] + slots)

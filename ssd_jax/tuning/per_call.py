@@ -77,9 +77,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_jax.engine.adaptive import DecayedMeans, Recent, StepCosts, agreed, expected_tokens, timings_allowed
-from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
-from ssd_jax.engine.plain_verdicts import calls_apart
+from ssd_jax.tuning.adaptive import DecayedMeans, Recent, StepCosts, agreed, expected_tokens, timings_allowed
+from ssd_jax.loop.adaptive_loop import compiled_caps, with_one
+from ssd_jax.tuning.plain_verdicts import calls_apart
 
 # Methods whose fixed programs differ from "auto" only in a length (and the shapes "auto" fixed
 # before the call: paths, tree size).
@@ -163,7 +163,7 @@ def compact(key) -> tuple:
 def layout(group, context: int, build: Callable[[], list[Candidate]]) -> list[Candidate]:
     """The Candidates of a call of `group` at this context (bucketed as the costs are): built
     once (`build`, which measures the costs on a process's first call) and kept."""
-    from ssd_jax.engine.adaptive import context_bucket
+    from ssd_jax.tuning.adaptive import context_bucket
 
     key = (group, context_bucket(context), timings_allowed())
     with _LOCK:
@@ -209,9 +209,9 @@ def menu_for(method, target, draft, sampling, batch: int, context: int) -> Menu:
     """The menu of an "auto" call of `method` (shaped: its paths and tree size fixed) on this
     pair, batch and context, priced by the measured costs (`adaptive.measure_costs`, and for K > 1
     paths the draft's forward at K rows)."""
-    from ssd_jax.engine import adaptive
-    from ssd_jax.engine.cascade import cascade_schedule
-    from ssd_jax.engine.retrieval import retrieval_layout
+    from ssd_jax.tuning import adaptive
+    from ssd_jax.loop.cascade import cascade_schedule
+    from ssd_jax.loop.retrieval import retrieval_layout
 
     costs = adaptive.measure_costs(target, adaptive.cost_draft(method, draft), batch, context,
                                    adaptive.cost_width(method))

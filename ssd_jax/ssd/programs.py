@@ -9,11 +9,11 @@ import time
 
 import jax
 
-from ssd_jax.engine import program_store
-from ssd_jax.engine.compile_cache import PROGRAMS, signature
-from ssd_jax.engine.autoregressive import loop_params
-from ssd_jax.engine.params_cache import ParamsCache
-from ssd_jax.engine.ssd_placement import DeviceGroup
+from ssd_jax.runtime import program_store
+from ssd_jax.runtime.compile_cache import PROGRAMS, signature
+from ssd_jax.runtime.loop_params import loop_params
+from ssd_jax.runtime.params_cache import ParamsCache
+from ssd_jax.ssd.placement import DeviceGroup
 from ssd_jax.model import Model
 
 _PLACED = ParamsCache(4)
@@ -30,7 +30,7 @@ def placed_params(model: Model):
 class Programs:
     """Compiles each device program on first use and accumulates the compile seconds, which the
     decode's wall time excludes. Executables live in the one compile cache
-    (`ssd_jax.engine.compile_cache`), per (program, static key, argument shapes,
+    (`ssd_jax.runtime.compile_cache`), per (program, static key, argument shapes,
     dtypes and shardings); every output is laid out on its group as `DeviceGroup.sharding_for`
     says, so a program's outputs fit the next call's inputs (no recompiles, no relayouts)."""
 

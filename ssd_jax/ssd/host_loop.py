@@ -2,7 +2,7 @@
 its device group, the draft predicts the verification outcomes on its own group and drafts the
 next speculation for each of them, so that on a hit the next verify starts with no drafting.
 
-The host loop, one iteration per verification step s (programs in `ssd_jax.engine.ssd_steps`):
+The host loop, one iteration per verification step s (programs in `ssd_jax.ssd.steps`):
   1. dispatch `target_verify(cur, d_s, q_s)` on the target group          (asynchronous)
   2. dispatch `draft_build(cur, d_s)` on the draft group: the speculation cache
      {(j, t): next L tokens + their q} for the fan-out's candidate outcomes  (asynchronous)
@@ -45,13 +45,15 @@ import numpy as np
 
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
-from ssd_jax.engine import adaptive, ssd_auto, ssd_steps as steps
-from ssd_jax.engine.output import GenerateOutput, generate_output
-from ssd_jax.engine.prompts import PromptBatch, bucket, row_keys
-from ssd_jax.engine.ssd_placement import DeviceGroup, placed_model, resolve_groups
-from ssd_jax.engine.ssd_runtime import Programs, placed_params
-from ssd_jax.engine.ssd_stats import SSDTally, Stopwatch
-from ssd_jax.engine.streaming import StreamSink
+from ssd_jax.tuning import adaptive
+from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.ssd import steps as steps
+from ssd_jax.runtime.output import GenerateOutput, generate_output
+from ssd_jax.runtime.prompts import PromptBatch, bucket, row_keys
+from ssd_jax.ssd.placement import DeviceGroup, placed_model, resolve_groups
+from ssd_jax.ssd.programs import Programs, placed_params
+from ssd_jax.ssd.stats import SSDTally, Stopwatch
+from ssd_jax.runtime.streaming import StreamSink
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
 
@@ -384,7 +386,7 @@ def generate_ssd(
     sync_timing: wait for every device program alone and report each one's mean latency
     (`stats["latency_s"]`; no overlap). observe: optional callable(dict) called once, after the
     first step's dispatches, with the live arrays (target/draft params and states, the speculation
-    cache): tests check where they live. auto: draft_len "auto" (`ssd_jax.engine.ssd_auto`):
+    cache): tests check where they live. auto: draft_len "auto" (`ssd_jax.ssd.auto`):
     switch to plain decoding once SSD measures slower, and remember the verdict under
     verdict_key (None: not remembered).
     """

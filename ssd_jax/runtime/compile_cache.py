@@ -60,8 +60,8 @@ class CompileCache:
         """Executable for fn(*args). static_key must capture everything fn closes over that changes
         the program (method, configs, sampling, static sizes); `fn` itself is not part of the key.
         While ssd_jax's persistent cache is on, a program is also kept on disk whole and read back
-        by later processes without tracing it (`ssd_jax.engine.program_store`)."""
-        from ssd_jax.engine import program_store
+        by later processes without tracing it (`ssd_jax.runtime.program_store`)."""
+        from ssd_jax.runtime import program_store
 
         key = (static_key, signature(args), donate_argnums)
 
@@ -99,11 +99,11 @@ def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | No
     tries. JAX's own persistent cache (`jax_compilation_cache_dir`), every entry kept however
     quick its compile; it is a process-wide setting, so it is only set when asked. The decode
     programs are also kept whole in its folder `ssd_jax-programs`, so a later process skips
-    tracing them too (`ssd_jax.engine.program_store`). Returns the
+    tracing them too (`ssd_jax.runtime.program_store`). Returns the
     directory; InputError where it cannot be made."""
     import jax
 
-    from ssd_jax.engine import program_store
+    from ssd_jax.runtime import program_store
     from ssd_jax.errors import InputError
 
     directory = os.environ.get(PERSISTENT_ENV) if directory is None else os.fspath(directory)

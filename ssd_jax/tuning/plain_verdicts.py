@@ -7,10 +7,10 @@ draft work, no speculative bookkeeping), all but a probe every `first` calls, wh
 adaptive program again and renews the verdict. A probe that finds the same again may double the
 calls between probes, up to `most`; any other verdict sets them back to `first`.
 
-Two users: SSD (`ssd_jax.engine.ssd_auto`: its host loop measures SSD slower than plain decoding)
+Two users: SSD (`ssd_jax.ssd.auto`: its host loop measures SSD slower than plain decoding)
 and the jitted adaptive loop of the synchronous methods (`remember_share` below: a call whose
 loop decoded at least PLAIN_SHARE of its steps plainly, about every one, or whose steps priced
-above AR's program's, `ssd_jax.engine.against_ar`). The loop's own fall
+above AR's program's, `ssd_jax.tuning.against_ar`). The loop's own fall
 back already makes such calls nearly as fast as AR, but not quite: its plain steps keep a buffer
 of the tokens the draft missed and check every PLAIN_BLOCK steps whether speculation pays
 (retrieval also walks its drafts against the tokens drawn), which cost 1-4% of AR on CPU at
@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import threading
 
-from ssd_jax.engine.adaptive import Recent, timings_allowed
+from ssd_jax.tuning.adaptive import Recent, timings_allowed
 
 # The jitted loop's verdicts: a call that decoded this share of its steps plainly (all but about
 # one step in a hundred) makes the next calls of its key start plain; a probe every PROBE_EVERY
@@ -41,8 +41,8 @@ PROBE_EVERY_MAX = 16
 def calls_apart(loss: float, overhead: float) -> int:
     """The calls between probes that keep a probe's loss (a share of a plain call; below 0:
     none) within `overhead` of them (rounded to 6 decimals first, so that 0.2 / 0.01 is 20).
-    SSD's plain verdicts (`ssd_jax.engine.ssd_auto.remember`) and the per-call choice
-    (`ssd_jax.engine.per_call.probe_interval`) space their probes by it."""
+    SSD's plain verdicts (`ssd_jax.ssd.auto.remember`) and the per-call choice
+    (`ssd_jax.tuning.per_call.probe_interval`) space their probes by it."""
     return math.ceil(round(max(float(loss), 0.0) / overhead, 6))
 
 
@@ -102,7 +102,7 @@ def starts_plain(key) -> bool:
 def remember_share(key, plain_share: float, lost: bool = False) -> None:
     """The verdict of an adaptive loop's call of `key` that decoded plain_share (float in [0, 1])
     of its steps plainly; lost: its steps, priced, came to more than AR's program would have taken
-    (`ssd_jax.engine.against_ar`), which also makes the next calls start plain."""
+    (`ssd_jax.tuning.against_ar`), which also makes the next calls start plain."""
     if not timings_allowed():
         return
     LOOP_VERDICTS.remember(key, plain_share >= PLAIN_SHARE or lost, back_off=True, first=PROBE_EVERY,

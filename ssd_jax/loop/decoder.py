@@ -11,12 +11,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.autoregressive import ar_parts, in_loop_params
-from ssd_jax.engine.cascade import cascade_parts
-from ssd_jax.engine.retrieval import retrieval_parts
-from ssd_jax.engine.adaptive_loop import begin_adaptive, resume_adaptive, run_adaptive
-from ssd_jax.engine.skeleton import loop, run, start
-from ssd_jax.engine.speculative import speculative_parts
+from ssd_jax.loop.autoregressive import ar_parts, in_loop_params
+from ssd_jax.loop.cascade import cascade_parts
+from ssd_jax.loop.retrieval import retrieval_parts
+from ssd_jax.loop.adaptive_loop import begin_adaptive, resume_adaptive, run_adaptive
+from ssd_jax.loop.skeleton import loop, run, start
+from ssd_jax.loop.speculative import speculative_parts
 from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
@@ -83,9 +83,9 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     real rows: on GPU a one-row decode step is slower than a two-row one (`ssd_jax.backend`).
     Likewise, with a target sharded over a "data" axis of size d, the batch is padded with copies
     of row 0 to a multiple of d so its rows split evenly over "data".
-    A method with draft_len "auto" runs the adaptive loop (`ssd_jax.engine.adaptive_loop`) with
-    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.engine.adaptive.loop_inputs`); both
-    default to what this process knows of the pair (`ssd_jax.engine.adaptive.default_plan`)."""
+    A method with draft_len "auto" runs the adaptive loop (`ssd_jax.loop.adaptive_loop`) with
+    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.tuning.adaptive.loop_inputs`); both
+    default to what this process knows of the pair (`ssd_jax.tuning.adaptive.default_plan`)."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target)
     if extra:
@@ -117,7 +117,7 @@ def resume_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
                   out_size: int, plan=None, costs=None):
     """The decode from `state` (`begin_arrays`' or this function's) until every row is done or
     holds `piece` (int32 [], at most 2**30) tokens more than the running row with the fewest had
-    (`ssd_jax.engine.skeleton.paused`), with `begin_arrays`' arguments. The bound is computed here,
+    (`ssd_jax.loop.skeleton.paused`), with `begin_arrays`' arguments. The bound is computed here,
     so the host may queue the next piece before it reads this one's tokens. Returns (state,
     `DecodeOutput` so far). Without "auto", the pieces' tokens are one `decode_arrays`' for the
     same key; with it, the adaptive loop's choices after a pause differ (the law is the target's
@@ -149,7 +149,7 @@ def _setup(target: Model, draft, tokens, lengths, keys, max_new, method: Method,
         tokens, lengths, keys = (jax.lax.with_sharding_constraint(x, row_sharding) for x in (tokens, lengths, keys))
     adaptive = getattr(method, "adaptive", False)
     if adaptive and (plan is None or costs is None):
-        from ssd_jax.engine.adaptive import default_plan
+        from ssd_jax.tuning.adaptive import default_plan
 
         default, default_costs = default_plan(method, target, draft, sampling, tokens.shape[0],
                                               tokens.shape[1] + out_size)

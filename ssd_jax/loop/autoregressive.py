@@ -1,6 +1,6 @@
-"""Autoregressive decoding's parts for the decode skeleton (`ssd_jax.engine.skeleton`): one token
+"""Autoregressive decoding's parts for the decode skeleton (`ssd_jax.loop.skeleton`): one token
 per target call. The reference every speculative method must reproduce. Also the layer-unrolling
-decision and the decode-layout weights every loop runs on (`loop_params`)."""
+decision and, inside a traced decode, the decode-layout weights every loop runs on (`in_loop_params`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.params_cache import ParamsCache
-from ssd_jax.engine.skeleton import DecodeState, Verdict, prefill, sample_rows  # noqa: F401  (re-exported)
+from ssd_jax.loop.skeleton import DecodeState, Verdict, prefill, sample_rows  # noqa: F401  (re-exported)
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit
@@ -31,28 +30,12 @@ def in_loop_params(model: Model) -> dict:
     unfused for a sharded model; a no-op on params already in that layout, e.g. from `loop_params`)."""
     if not unroll_layers(model.params):
         return model.params
-    return decode_params(model.params, model.config, fuse=_fusable(model))
+    return decode_params(model.params, model.config, fuse=fusable(model))
 
 
-def _fusable(model: Model) -> bool:
+def fusable(model: Model) -> bool:
     """Fused q/k/v and gate/up kernels suit a model whose heads and MLP are not split over devices."""
     return model.placement is None or not model.placement.tensor_parallel
-
-
-_LOOP_PARAMS_KEPT = 4
-_LOOP_PARAMS = ParamsCache(_LOOP_PARAMS_KEPT)
-
-
-def loop_params(model: Model) -> dict:
-    """The params a decode loop takes, prepared outside it: with `unroll_layers`, `decode_params`
-    of model.params, made once per params object and kept (weakly: the entry goes when the params
-    do) for the next call; otherwise model.params. A call then no longer re-slices and re-fuses
-    every weight (about 3 ms per call for the embedded 11M target on CPU)."""
-    if not unroll_layers(model):
-        return model.params
-    fuse = _fusable(model)
-    make = lambda: jax.jit(decode_params, static_argnums=(1, 2))(model.params, model.config, fuse)  # noqa: E731
-    return _LOOP_PARAMS.get(model.params, fuse, make)[0]
 
 
 @dataclasses.dataclass(frozen=True)

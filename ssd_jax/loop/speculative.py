@@ -23,11 +23,11 @@ from ssd_jax import verify
 from ssd_jax.backend import policy_for
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.engine.adaptive_loop import at_narrowest, compiled_caps, pending_width, with_one
-from ssd_jax.engine.autoregressive import ARParts
-from ssd_jax.engine.emission import emitted_tokens
-from ssd_jax.engine.shadow import scored_tokens
-from ssd_jax.engine.skeleton import DecodeState, Verdict, fold_rows, prefill
+from ssd_jax.loop.adaptive_loop import at_narrowest, compiled_caps, pending_width, with_one
+from ssd_jax.loop.autoregressive import ARParts
+from ssd_jax.loop.emission import emitted_tokens
+from ssd_jax.loop.shadow import scored_tokens
+from ssd_jax.loop.skeleton import DecodeState, Verdict, fold_rows, prefill
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path, rollback
 from ssd_jax.models.transformer import forward_cached
@@ -103,7 +103,7 @@ class SpeculativeParts:
 
     @property
     def chain_writes(self) -> bool:
-        """One path is verified as a causal block; several as a tree (`ssd_jax.engine.skeleton`)."""
+        """One path is verified as a causal block; several as a tree (`ssd_jax.loop.skeleton`)."""
         return not self.multi_path
 
     @property
@@ -311,7 +311,7 @@ class SpeculativeParts:
         """`resync`, scoring the draft on the tokens plain steps drew: laws float32 [B, W] (W =
         pending_width) holds each such token's target probability (`Verdict.token_law`; 0 where
         a slot's token was not drawn by a plain step). Returns (inner, acceptance, known)
-        (`ssd_jax.engine.shadow.scored_tokens`, the draft's law after each slot)."""
+        (`ssd_jax.loop.shadow.scored_tokens`, the draft's law after each slot)."""
         inner, logits = self._read_pending(inner, pending, pending_len, all_logits=True)
         logits = align_logits(logits[::self.num_paths, :-1], self.tcfg.vocab_size)
         return (inner, *scored_tokens(logits, pending, laws, pending_len, self.sampling))
@@ -339,7 +339,7 @@ class SpeculativeParts:
 def speculative_parts(method, tparams: dict, tcfg: ModelConfig, dparams: dict, dcfg: ModelConfig,
                       sampling: SamplingParams, prompt_width: int, out_size: int, plan=None) -> SpeculativeParts:
     """method: an SD, BV, SpecInfer, SpecTr or GBV object; plan: its `AutoPlan` when draft_len
-    is "auto" (then the parts can fall back to plain decoding, `ssd_jax.engine.adaptive_loop`)."""
+    is "auto" (then the parts can fall back to plain decoding, `ssd_jax.loop.adaptive_loop`)."""
     K = method.paths
     L = plan.draft_len if plan is not None else method.draft_len
     pending = pending_width(plan)

@@ -24,10 +24,10 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.engine.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
-from ssd_jax.engine.autoregressive import ARParts
-from ssd_jax.engine.emission import emitted_tokens
-from ssd_jax.engine.skeleton import DecodeState, Verdict
+from ssd_jax.loop.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
+from ssd_jax.loop.autoregressive import ARParts
+from ssd_jax.loop.emission import emitted_tokens
+from ssd_jax.loop.skeleton import DecodeState, Verdict
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, compact_path
 from ssd_jax.models.transformer import forward_cached
@@ -224,7 +224,7 @@ class RetrievalParts:
     def shadow_tree(self, inner) -> tuple[jax.Array, jax.Array, np.ndarray]:
         """The draft a speculative step would verify now, uncapped: (tokens int32 [B, N], valid
         bool [B, N], parents int [N]), for the loop's shadow evidence during plain decoding
-        (`ssd_jax.engine.shadow`)."""
+        (`ssd_jax.loop.shadow`)."""
         tokens, valid = self._draft_tree(inner)
         return tokens, valid, np.asarray(self.layout.parents)
 

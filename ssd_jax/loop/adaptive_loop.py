@@ -18,7 +18,7 @@ given k was reached, and a draft capped at l tokens emits
     E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step (sd(l) its spread).
 
 With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
-one draft forward) (`ssd_jax.engine.adaptive.loop_inputs`), rho the running share of the cap's
+one draft forward) (`ssd_jax.tuning.adaptive.loop_inputs`), rho the running share of the cap's
 draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
 cost(l) = c_spec + rho (l - 1) c_draft, or where the calibration timed the step at cap l
 itself (parts drafting with a model), that time. A batch runs until its slowest row is done, so
@@ -63,7 +63,7 @@ does not pay doubles the number of plain phases before the next probe, up to MAX
 text where speculation never pays costs few probes. Retrieval (`shadow_tree`: drafts that are
 point masses read off the context) needs none: each block of plain steps walks the draft made at
 its start with the tokens the block drew, which has the law of a speculative step's verdict
-(`ssd_jax.engine.shadow`), so the memories keep measuring while the loop decodes plainly, the
+(`ssd_jax.loop.shadow`), so the memories keep measuring while the loop decodes plainly, the
 cap and whether to speculate are decided after every block, and speculation resumes where the
 text turns copyable (PLD at batch 8 on CPU, paired: short prompts at T=0 1.05x AR against 0.99x
 with probes; LogitSpec on held-out code at T=0 1.03x against 0.91x). Draft models need none where
@@ -90,8 +90,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
-from ssd_jax.engine.shadow import chain_counts, shadow_counts
-from ssd_jax.engine.skeleton import DecodeState, advance, fold_rows, paused, room_gated, start
+from ssd_jax.loop.shadow import chain_counts, shadow_counts
+from ssd_jax.loop.skeleton import DecodeState, advance, fold_rows, paused, room_gated, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
@@ -468,9 +468,9 @@ def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Arr
 def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
                  max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
                  out_size: int, placement=None) -> DecodeState:
-    """`ssd_jax.engine.skeleton.run` with the per-step cap and the fallback to plain decoding.
+    """`ssd_jax.loop.skeleton.run` with the per-step cap and the fallback to plain decoding.
     parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS (+ L)] (`ssd_jax.engine.adaptive.loop_inputs`). Returns the final DecodeState."""
+    float32 [NUM_COST_INPUTS (+ L)] (`ssd_jax.tuning.adaptive.loop_inputs`). Returns the final DecodeState."""
     state = begin_adaptive(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, costs, sampling=sampling,
                            out_size=out_size, placement=placement)
     return resume_adaptive(parts, tparams, keys, max_new, eos_ids, costs, state, sampling=sampling).decode
@@ -493,7 +493,7 @@ def resume_adaptive(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
                     sampling: SamplingParams) -> AdaptiveState:
     """The adaptive loop from `state` (`begin_adaptive`'s, or a paused one) until every row is
     done, or where pause_at (int32 []) is given, until every row is done or holds pause_at tokens
-    (`ssd_jax.engine.skeleton.paused`): the phase running then ends as at a call's end (the draft
+    (`ssd_jax.loop.skeleton.paused`): the phase running then ends as at a call's end (the draft
     reads the tokens it missed), and a later call goes on from the state returned. A pause changes
     the loop's later choices, never what they may depend on: the output law stays the target's
     (at T=0 the tokens are the same)."""
@@ -583,7 +583,7 @@ def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
         return linear if cap_seconds is None else jnp.where(cap_seconds > 0, cap_seconds, linear)
 
     # Parts whose drafts are retrieval's point masses (`shadow_tree`) learn their acceptance during
-    # plain steps too (`ssd_jax.engine.shadow`), after every block; parts whose draft model scores
+    # plain steps too (`ssd_jax.loop.shadow`), after every block; parts whose draft model scores
     # the tokens plain steps drew when it reads them (`learns_while_plain`), at every resync. Both
     # never probe. Retrieval needs no noise allowance: falling back after a chance dip stops nothing
     # from being measured, and the next block tells (LogitSpec at batch 8 on CPU, T=0: 0.93-1.15x

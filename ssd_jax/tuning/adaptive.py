@@ -12,7 +12,7 @@ batch, context bucket and backend, kept for the process. The acceptance `a` come
 own counters (`acceptance_of`) and is remembered per (pair, method, temperature) in
 `ACCEPTANCE` for the next call; before any call it is `PRIOR_ACCEPTANCE`. L* is the static
 length of the multi-path methods and SSD; single-path SD and BV compile max_draft_len and the
-loop caps each step (`ssd_jax.engine.adaptive_loop`).
+loop caps each step (`ssd_jax.loop.adaptive_loop`).
 
 `calibrated_inputs` measures the loop's own step costs on its compiled program (forced runs):
 the AR step, the speculative step without draft forwards, and one draft forward inside the loop.
@@ -35,8 +35,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.engine import calibration_store, program_store
-from ssd_jax.engine.compile_cache import signature
+from ssd_jax.runtime import calibration_store
+from ssd_jax.runtime import program_store
+from ssd_jax.runtime.compile_cache import signature
 from ssd_jax.progress import notice
 
 PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
@@ -267,7 +268,7 @@ def context_bucket(length: int) -> int:
 def _loop_seconds(params, config, batch: int, width: int, context: int) -> float:
     """Seconds per forward of `width` tokens over a cache holding `context` tokens, timed as a
     jitted loop of _LOOP_FORWARDS forwards (best of _REPEATS); kept on disk per loop and machine
-    (`ssd_jax.engine.calibration_store`), so a new process reads it back (instead of ~1 s
+    (`ssd_jax.runtime.calibration_store`), so a new process reads it back (instead of ~1 s
     compiling and timing it), named without lowering the loop (0.15 s each) where
     `program_store.describe` can say what decides it."""
     from ssd_jax.models.kv_cache import init_cache
@@ -341,7 +342,7 @@ def forward_seconds(model, batch: int, width: int, context: int, measure: bool =
     process; None when timings are not allowed
     (`timings_allowed`), or not yet measured and measure is False (traced calls). Under
     jax.distributed every process gets process 0's number."""
-    from ssd_jax.engine.autoregressive import loop_params
+    from ssd_jax.runtime.loop_params import loop_params
 
     if not timings_allowed():
         return None
@@ -399,7 +400,7 @@ class AutoPlan:
 
 
 def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int, draft_len: int) -> np.ndarray:
-    """The loop's traced cost inputs, float32 [5 + draft_len] (`ssd_jax.engine.adaptive_loop`):
+    """The loop's traced cost inputs, float32 [5 + draft_len] (`ssd_jax.loop.adaptive_loop`):
     `StepCosts.loop_array`, the acceptance its running estimates start from, 0 (no forced cap:
     the loop chooses each step's), and the seconds of a speculative step by cap 1..draft_len, all
     0 (unmeasured: the loop prices caps linearly; `calibrated_inputs` measures them)."""
@@ -447,12 +448,12 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
     CSD: its cascade's cap, the loop capping each step's verified draft.
     LogitSpec: its tree's width does not depend on the root branch, so the branch is as long as
     allowed (max_draft_len, leaving the next-next guesses at least one node)."""
-    from ssd_jax.engine.retrieval import retrieval_layout
+    from ssd_jax.loop.retrieval import retrieval_layout
 
     acceptance = ACCEPTANCE.get(acceptance_key(target, draft, method, sampling))
     paths = getattr(method, "paths", 1)
     if method.name == "csd":
-        from ssd_jax.engine.cascade import cascade_schedule
+        from ssd_jax.loop.cascade import cascade_schedule
 
         draft_len = cascade_schedule(method, len(draft_models(draft)), sampling).target_width
     elif method.name == "logitspec":
@@ -473,10 +474,10 @@ def plan(method, target, draft, sampling, costs: StepCosts) -> tuple[AutoPlan, n
 
 def table_caps(method, auto_plan: AutoPlan) -> tuple[int, ...]:
     """The caps whose step `calibrated_inputs` times whole: those a capped loop drafting with a
-    model (single-path SD and BV, CSD) may run at (`ssd_jax.engine.adaptive_loop.with_one` of
+    model (single-path SD and BV, CSD) may run at (`ssd_jax.loop.adaptive_loop.with_one` of
     `compiled_caps`); none for retrieval, whose calibration text may propose fewer tokens than
     the cap, so a timed step would price long caps low."""
-    from ssd_jax.engine.adaptive_loop import compiled_caps, with_one
+    from ssd_jax.loop.adaptive_loop import compiled_caps, with_one
 
     if not auto_plan.capped or not method.drafts_with_model:
         return ()
@@ -495,7 +496,7 @@ _CALIBRATION = Recent()
 _CALIBRATION_TOKENS = 48
 _CALIBRATION_ROUNDS = 7
 # Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
-# probe per phase, where the loop probes); see `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`.
+# probe per phase, where the loop probes); see `ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS`.
 FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
 FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
 
@@ -625,7 +626,7 @@ def force_cap(cap: int) -> np.ndarray:
 
 def calibration_length(num_inputs: int) -> int:
     """The entries of a calibration (`_calibrate`: three costs, then one step time per cap) of a
-    loop taking num_inputs cost inputs (`ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS` + L)."""
+    loop taking num_inputs cost inputs (`ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS` + L)."""
     return num_inputs - len(FORCE_SPECULATION) + 3
 
 
@@ -676,7 +677,7 @@ def calibrated_inputs(executable, args: tuple, program_key, costs: StepCosts, pl
     each (AMD EPYC, 2 cores) priced the caps with a spread of 3.5% instead of 5.8% (CSD, batch 1,
     short prompts, T=1) and 3.3% instead of 7.5% (SD, batch 8, code, T=0; coefficients of
     variation, mean over the timed caps). Kept per program (program_key) for the process, and on
-    disk per program and machine (`ssd_jax.engine.calibration_store`), so a new process finds it;
+    disk per program and machine (`ssd_jax.runtime.calibration_store`), so a new process finds it;
     the prior acceptance stays the plan's. Under SSD_JAX_DETERMINISTIC_AUTO=1 (`timings_allowed`): `planned`,
     unmeasured."""
     if not timings_allowed():

@@ -1,7 +1,7 @@
 """Streaming of tokens out of a decode run in pieces.
 
 A streamed call runs two compiled programs: one that prefills and draws the first token
-(`ssd_jax.engine.decoder.begin_arrays`), and one that goes on with the decode loop from a state
+(`ssd_jax.loop.decoder.begin_arrays`), and one that goes on with the decode loop from a state
 until every row is done or holds a given number of tokens (`resume_arrays`), called again and
 again with a growing bound. The sink gets each piece's new tokens between the calls. Neither
 program holds a host callback, so JAX's persistent compilation cache keeps them like any other
@@ -18,7 +18,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ssd_jax.engine.adaptive import agreed, timings_allowed
+from ssd_jax.tuning.adaptive import agreed, timings_allowed
 
 # sink(new_tokens int32 [B, N], counts int32 [B]): row b produced new_tokens[b, :counts[b]].
 StreamSink = Callable[[np.ndarray, np.ndarray], None]

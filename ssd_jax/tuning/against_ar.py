@@ -7,14 +7,14 @@ drawn). On CPU that costs 1-4% over AR; on an H100 with the embedded pair, whose
 tiny kernels, PLD's plain step cost 0.18 ms against AR's 0.145 ms, and its speculative step 0.17
 ms. There, at T=1 with 1.02-1.09 tokens per step, the loop rightly kept speculating over its own
 plain steps and ran 0.85-0.96x AR. Only a call-level verdict reaches AR's program
-(`ssd_jax.engine.plain_verdicts`): after a call, its steps priced at the loop's prices are compared
+(`ssd_jax.tuning.plain_verdicts`): after a call, its steps priced at the loop's prices are compared
 with AR's program's measured step over the steps AR would take, and a call that lost makes the next
 calls of its program start plain (with the verdicts' probes).
 
 AR's step is timed on its compiled program (the one a plain-from-start call runs) against the
 loop's plain step, both programs timed alike in interleaved rounds (a trimmed mean of the ratios,
 as the loop's calibration), once per program and argument shapes per process, and kept on disk
-per loop program and machine beside the loop's calibration (`ssd_jax.engine.calibration_store`,
+per loop program and machine beside the loop's calibration (`ssd_jax.runtime.calibration_store`,
 "ar-ratio-" files: a later process neither builds nor times AR's program for it, ~2 s of a PLD
 call at T=1 on a 2-core CPU); only for calls whose speculation the loop's own prices find within
 GAIN_CHECK of its plain steps, so calls that clearly pay never compile AR's program.
@@ -25,10 +25,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from ssd_jax.engine import calibration_store
-from ssd_jax.engine.adaptive import (FORCE_PLAIN, MEASURING, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens,
+from ssd_jax.runtime import calibration_store
+from ssd_jax.tuning.adaptive import (FORCE_PLAIN, MEASURING, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens,
                                      timed_run, trimmed_mean)
-from ssd_jax.engine.adaptive_loop import NUM_COST_INPUTS
+from ssd_jax.loop.adaptive_loop import NUM_COST_INPUTS
 from ssd_jax.progress import notice
 
 # A call is checked against AR's program when its priced seconds are at least this share of its
@@ -56,7 +56,7 @@ _AR_RATIO = Recent()
 
 def step_price(loop_costs, cap: int) -> float:
     """Seconds of a loop step capped at `cap` (0: a plain step) by the loop's prices (loop_costs:
-    float [5 + L] or [5], a call's `loop_costs` stat, `ssd_jax.engine.adaptive_loop.NUM_COST_INPUTS`):
+    float [5 + L] or [5], a call's `loop_costs` stat, `ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS`):
     the plain price for 0, the step its calibration timed at that cap, else the speculative step's
     fixed cost plus (cap - 1) draft forwards."""
     costs = np.asarray(loop_costs, np.float64)

@@ -1,1 +1,0 @@
-"""Decode loops. Each method compiles to one program per static shape bucket."""

@@ -1,0 +1,26 @@
+"""The decode-layout weights a decode program takes, prepared outside it once per params object
+(`loop_params`) and kept weakly for the next call."""
+
+from __future__ import annotations
+
+import jax
+
+from ssd_jax.loop.autoregressive import fusable, unroll_layers
+from ssd_jax.model import Model
+from ssd_jax.models.transformer import decode_params
+from ssd_jax.runtime.params_cache import ParamsCache
+
+_LOOP_PARAMS_KEPT = 4
+_LOOP_PARAMS = ParamsCache(_LOOP_PARAMS_KEPT)
+
+
+def loop_params(model: Model) -> dict:
+    """The params a decode loop takes, prepared outside it: with `unroll_layers`, `decode_params`
+    of model.params, made once per params object and kept (weakly: the entry goes when the params
+    do) for the next call; otherwise model.params. A call then no longer re-slices and re-fuses
+    every weight (about 3 ms per call for the embedded 11M target on CPU)."""
+    if not unroll_layers(model):
+        return model.params
+    fuse = fusable(model)
+    make = lambda: jax.jit(decode_params, static_argnums=(1, 2))(model.params, model.config, fuse)  # noqa: E731
+    return _LOOP_PARAMS.get(model.params, fuse, make)[0]
