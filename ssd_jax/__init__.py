@@ -1,7 +1,9 @@
 """ssd_jax: speculative decoding for JAX.
 
-Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `SD`, ...), `MaxGram`, `default_models`, `shard`, `Model`, `ModelConfig`, `SamplingParams`,
-`GenerateOutput`, and the exceptions in `ssd_jax.errors`. Verifiers live in `ssd_jax.verify`.
+Public API: `load`, `forward`, `decode`, `generate`, the method objects (`AR`, `SD`, ...),
+`MaxGram`, `default_models`, `shard`, `Model`, `ModelConfig`, `SamplingParams`, `GenerateOutput`,
+`Plan`, `Tuner` and `default_tuner`, and the exceptions in `ssd_jax.errors`. Verifiers live in
+`ssd_jax.verify`.
 """
 
 from ssd_jax.defaults import default_models
@@ -15,15 +17,17 @@ from ssd_jax.loading import load
 from ssd_jax.methods import AR, BV, CSD, GBV, PLD, SD, SSD, LogitSpec, Method, SpecInfer, SpecTr
 from ssd_jax.model import Model
 from ssd_jax.models.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from ssd_jax.plan import Plan
 from ssd_jax.reference import forward
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.sharding import shard
+from ssd_jax.tuning.tuner import Tuner, default_tuner
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AR", "BV", "DecodeOutput", "MaxGram", "decode", "CSD", "GBV", "PLD", "SD", "SSD", "LogitSpec", "Method", "SpecInfer", "SpecTr",
-    "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig",
+    "CheckpointError", "ConfigError", "GenerateOutput", "InputError", "METHODS", "Model", "ModelConfig", "Plan",
     "SUPPORTED_MODEL_TYPES", "SamplingParams", "SsdJaxError", "default_models", "forward", "generate", "load",
-    "shard", "use_persistent_cache",
+    "Tuner", "default_tuner", "shard", "use_persistent_cache",
 ]

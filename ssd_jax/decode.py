@@ -14,14 +14,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.tuning.auto_shape import shaped
 from ssd_jax.loop.decoder import DecodeOutput, decode_arrays, split_cascade
 from ssd_jax.runtime.prompts import row_keys
 from ssd_jax.errors import InputError
 from ssd_jax.methods import CSD, SSD, Method, as_method, for_target
 from ssd_jax.model import Model
-from ssd_jax.pairing import check_same_tokenizer
+from ssd_jax.runtime.pairing import check_same_tokenizer
+from ssd_jax.plan import Plan
 from ssd_jax.sampling import SamplingParams
+from ssd_jax.tuning.auto_shape import shaped
+from ssd_jax.tuning.cost_model import prior_plan
+from ssd_jax.tuning.tuner import Tuner
 
 __all__ = ["DecodeOutput", "decode", "check_models", "draft_margin"]
 
@@ -141,7 +144,8 @@ def _check_values(target: Model, tokens, lengths) -> None:
 
 
 def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, draft=None,
-           sampling: SamplingParams = SamplingParams(), eos_ids: tuple = ()) -> DecodeOutput:
+           sampling: SamplingParams = SamplingParams(), eos_ids: tuple = (), plan: Plan | None = None,
+           **host_only) -> DecodeOutput:
     """Decodes right-padded prompts with any synchronous method; pure and traceable.
 
     target: a Model (its params may be traced); tokens int32 [B, T] right-padded; lengths int32
@@ -150,10 +154,24 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     draft: a Model for SD/BV/SpecInfer/SpecTr/GBV, a tuple (models largest first, optionally a
     `MaxGram` last) for CSD, None otherwise; sampling: `SamplingParams` (static); eos_ids: static
     ids that end a row (() = none; pass `target.config.eos_token_ids` for the model's).
-    Inside `jax.jit`, keep method, max_new_tokens, sampling and eos_ids static.
-    Returns `DecodeOutput(tokens int32 [B, max_new_tokens], num_tokens, finish_reason, counters)`;
-    with the same key, the tokens equal `generate`'s.
+    plan: the `Plan` a `generate` call ran (`GenerateOutput.plan`, for the same method, models'
+    shapes, sampling and max_new_tokens): decode then runs that call's program, with its shapes,
+    lengths and cost inputs, and with the same key and prompts gives `generate`'s tokens. Without
+    a plan, draft_len="auto" runs the fixed prior (`ssd_jax.tuning.cost_model.prior_plan`: fixed
+    relative costs and the prior acceptance; LogitSpec's tree size and the multi-path methods'
+    paths from the same), deterministic and the same on every machine: what `generate` runs with
+    `Tuner(deterministic=True)`. decode has no host: it reads no process memory and measures
+    nothing (a `tuner=` is an InputError).
+    Inside `jax.jit`, keep method, max_new_tokens, sampling, eos_ids and plan static (or closed over).
+    Returns `DecodeOutput(tokens int32 [B, max_new_tokens], num_tokens, finish_reason, counters)`.
     """
+    if "tuner" in host_only:
+        raise InputError("decode runs inside jit and has no host to tune on: it takes no tuner=; pass "
+                         "plan=out.plan from a generate(..., tuner=...) call, or no plan for the fixed prior")
+    if host_only:
+        raise InputError(f"decode() got unexpected keyword argument(s) {', '.join(sorted(host_only))}")
+    if isinstance(method, Tuner):
+        raise InputError("method must be a method object or name, got a Tuner")
     method = as_method(method)
     if isinstance(method, SSD):
         raise InputError("method SSD is host-driven across two device groups and cannot run inside decode; "
@@ -165,18 +183,37 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
         eos_ids = (eos_ids,)
     eos_ids = tuple(int(e) for e in eos_ids)
     draft = check_models(method, target, draft, sampling)
+    if plan is not None and not isinstance(plan, Plan):
+        raise InputError(f"plan must be the ssd_jax.Plan of a generate call (GenerateOutput.plan), "
+                         f"got {type(plan).__name__}")
+    if plan is not None:
+        plan.check(method, target, draft, sampling, max_new)
     tokens, lengths = jnp.asarray(tokens), jnp.asarray(lengths)
     if tokens.ndim != 2 or tokens.shape[1] < 1 or not jnp.issubdtype(tokens.dtype, jnp.integer):
         raise InputError(f"tokens must be integers [batch, length >= 1], got shape {tokens.shape} {tokens.dtype}")
-    # A traced decode cannot time anything: "auto" shapes from what this process already measured.
-    method = for_target(shaped(method, target, draft, sampling, tokens.shape[0], tokens.shape[1] + max_new // 2,
-                               measure=False), target)
+    program, loop_plan, costs = _program(plan, method, target, draft, sampling, tokens.shape[0],
+                                         tokens.shape[1] + max_new // 2)
     if lengths.shape != tokens.shape[:1] or not jnp.issubdtype(lengths.dtype, jnp.integer):
         raise InputError(f"lengths must be integers [{tokens.shape[0]}] (one per row of tokens), "
                          f"got shape {lengths.shape} {lengths.dtype}")
     if not _is_traced(tokens) and not _is_traced(lengths):
         _check_values(target, tokens, lengths)
     if not _is_traced(lengths):
-        check_positions(method, target, draft, sampling, int(np.max(np.asarray(lengths))), max_new)
-    return decode_arrays(target, draft, tokens, lengths, row_keys(key, tokens.shape[0]), max_new, method=method,
-                         sampling=sampling, eos_ids=eos_ids, out_size=max_new)
+        check_positions(program, target, draft, sampling, int(np.max(np.asarray(lengths))), max_new)
+    return decode_arrays(target, draft if program.drafts_with_model else None, tokens, lengths,
+                         row_keys(key, tokens.shape[0]), max_new, method=program, sampling=sampling, eos_ids=eos_ids,
+                         out_size=max_new, plan=loop_plan, costs=costs)
+
+
+def _program(plan: Plan | None, method: Method, target: Model, draft, sampling: SamplingParams, batch: int,
+             context: int) -> tuple:
+    """(the method the decode runs, the adaptive loop's plan, its cost inputs): the plan's, else
+    for "auto" the fixed prior (shapes with no tuner, `prior_plan`), else the method as given
+    (both None)."""
+    if plan is not None:
+        return plan.program, plan.loop, None if plan.costs is None else np.asarray(plan.costs, np.float32)
+    program = for_target(shaped(None, method, target, draft, sampling, batch, context), target)
+    if not program.adaptive:
+        return program, None, None
+    loop_plan, costs = prior_plan(program, target, draft, sampling)
+    return program, loop_plan, costs

@@ -168,6 +168,11 @@ class Method:
     def drafts_with_model(self) -> bool:
         return False
 
+    @property
+    def adaptive(self) -> bool:
+        """Whether "auto" chooses this method's draft length per call (a fixed method: False)."""
+        return False
+
 
 def _d(method: str, field: str):
     return dataclasses.field(default=DEFAULTS[method][field])

@@ -10,7 +10,7 @@ import sys
 
 from ssd_jax.errors import InputError
 from ssd_jax.methods import CLI_DEFAULT_METHOD, METHODS
-from ssd_jax.progress import show_notices
+from ssd_jax.runtime.progress import show_notices
 
 SUMMARY_FIELDS = (
     "num_generated_tokens", "tokens_per_second", "wall_time_s", "compile_time_s", "target_calls",
@@ -136,7 +136,7 @@ def load_models(args):
     """(target, draft or None) from the flags, defaulting to the embedded pair."""
     import ssd_jax
     from ssd_jax.defaults import default_model_dirs
-    from ssd_jax.pairing import check_same_tokenizer
+    from ssd_jax.runtime.pairing import check_same_tokenizer
 
     if args.target is None:
         target_dir, default_draft = default_model_dirs()
@@ -202,7 +202,7 @@ def load_drafts(args, target, draft) -> list:
     """The drafters of --method csd: --drafts DIR[,DIR...] (largest first), else [the --draft or
     embedded draft]. InputError for --drafts with another method or a drafter with another tokenizer."""
     import ssd_jax
-    from ssd_jax.pairing import check_same_tokenizer
+    from ssd_jax.runtime.pairing import check_same_tokenizer
 
     if args.method != "csd":
         raise InputError(f"--drafts is for --method csd (got --method {args.method}); use --draft")

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from ssd_jax.errors import CheckpointError, InputError
-from ssd_jax.progress import Progress
+from ssd_jax.runtime.progress import Progress
 from ssd_jax.train.corpus import collect_corpus, read_text
 
 _MODELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets", "models")

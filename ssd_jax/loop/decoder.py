@@ -84,8 +84,8 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     Likewise, with a target sharded over a "data" axis of size d, the batch is padded with copies
     of row 0 to a multiple of d so its rows split evenly over "data".
     A method with draft_len "auto" runs the adaptive loop (`ssd_jax.loop.adaptive_loop`) with
-    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.tuning.adaptive.loop_inputs`); both
-    default to what this process knows of the pair (`ssd_jax.tuning.adaptive.default_plan`)."""
+    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.tuning.cost_model.loop_inputs`),
+    both required: the loop reads no memory of its own."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target)
     if extra:
@@ -147,14 +147,10 @@ def _setup(target: Model, draft, tokens, lengths, keys, max_new, method: Method,
     if target.placement is not None:
         row_sharding = target.placement.rows(tokens.shape[0])
         tokens, lengths, keys = (jax.lax.with_sharding_constraint(x, row_sharding) for x in (tokens, lengths, keys))
-    adaptive = getattr(method, "adaptive", False)
+    adaptive = method.adaptive
     if adaptive and (plan is None or costs is None):
-        from ssd_jax.tuning.adaptive import default_plan
-
-        default, default_costs = default_plan(method, target, draft, sampling, tokens.shape[0],
-                                              tokens.shape[1] + out_size)
-        plan = plan if plan is not None else default
-        costs = costs if costs is not None else default_costs
+        raise ValueError(f"{type(method).__name__} with draft_len='auto' needs its loop's plan and cost inputs "
+                         "(ssd_jax.decode passes the fixed prior's, generate its tuner's)")
     parts = make_parts(method, target, draft, sampling, tokens.shape[1], out_size, plan=plan if adaptive else None)
     eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
     loop_args = (parts, parts.tparams, target.config, tokens.astype(jnp.int32), lengths.astype(jnp.int32), keys,

@@ -1,5 +1,5 @@
 """Calibrations of adaptive speculation kept on disk: a compiled program's step costs are measured
-once per machine, not once per process (`ssd_jax.tuning.adaptive.calibrated_inputs`).
+once per machine, not once per process (`ssd_jax.tuning.measure.calibrated_inputs`).
 
 Measuring them runs the program ~20 times on a few tokens: on the embedded pair on a 2-core CPU
 at batch 8, 3-8 s, several times a 128-token call itself, which every new process (the command
@@ -12,7 +12,7 @@ line, a notebook restart) paid again. An entry is one small JSON file named by a
     FORMAT (bumped whenever what a calibration measures changes)
 
 so another program, machine or library version never reads it. The per-forward timings the cost
-model starts from (`ssd_jax.tuning.adaptive.forward_seconds`: 1 s a timed width on that machine,
+model starts from (`ssd_jax.tuning.measure.forward_seconds`: 1 s a timed width on that machine,
 ~3 s of a fresh process's first "auto" call) are kept the same way, as files named "forward-"
 and a digest of what decides the timed loop (`program_store.describe`: the models' config and
 shapes, the library's source, versions, machine; its lowered program where that says too
@@ -112,24 +112,23 @@ def entry_name(executable, kind: str = "") -> str | None:
     return _digest(kind, text)
 
 
-def _kept_in() -> str | None:
-    """The directory measurements are kept in, None where they stay in memory (no directory, or
-    a program spanning several processes)."""
-    directory = store_dir()
-    return None if directory is None or jax.process_count() > 1 else directory
+def _kept_in(store: str | None) -> str | None:
+    """The directory measurements are kept in (store, a tuner's), None where they stay in memory
+    (no directory, or a program spanning several processes)."""
+    return None if store is None or jax.process_count() > 1 else store
 
 
-def path_for(executable, kind: str = "", key: tuple | None = None) -> str | None:
+def path_for(executable, kind: str = "", key: tuple | None = None, store: str | None = None) -> str | None:
     """Where the program's calibration (kind "") is kept, or another measurement of the program
     (kind: the file name's prefix, e.g. "ar-ratio" for `ssd_jax.tuning.against_ar`); None where
     kept in memory only (no directory, several processes, no program text). key: the program's
     (static key, argument signature), named by `program_store.describe`'s text where that says
     everything about the program (hashing the optimized HLO text instead took 0.15 s of a later
-    run of the default on a 2-core CPU: ~6 MB of it), else by the program's text. Computed once
-    per program and kind."""
+    run of the default on a 2-core CPU: ~6 MB of it), else by the program's text. store: the
+    directory (`Tuner.store_dir`; None: memory only)."""
     from ssd_jax.runtime import program_store
 
-    directory = _kept_in()
+    directory = _kept_in(store)
     if directory is None:
         return None
     described = None if key is None else program_store.describe(f"{__name__}:{kind}", key[0], key[1])
@@ -137,12 +136,12 @@ def path_for(executable, kind: str = "", key: tuple | None = None) -> str | None
     return None if name is None else os.path.join(directory, name)
 
 
-def path_for_text(kind: str, text: str) -> str | None:
+def path_for_text(kind: str, text: str, store: str | None) -> str | None:
     """Where a measurement of the program whose lowered text is `text` is kept (kind: what is
-    measured, the file name's prefix, e.g. "forward" for `ssd_jax.tuning.adaptive.forward_seconds`);
+    measured, the file name's prefix, e.g. "forward" for `ssd_jax.tuning.measure.forward_seconds`);
     None where kept in memory only. Keyed by the text, so a change of the models' code measures
     again."""
-    directory = _kept_in()
+    directory = _kept_in(store)
     return None if directory is None else os.path.join(directory, _digest(kind, text))
 
 

@@ -16,11 +16,13 @@ FINISH_NAMES = {FINISH_RUNNING: "running", FINISH_EOS: "eos", FINISH_LENGTH: "le
 @dataclasses.dataclass
 class GenerateOutput:
     """tokens: per row, the generated ids (prompt excluded; the EOS token, if any, is the last);
-    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (see README)."""
+    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (docs/internals.md);
+    plan: the `ssd_jax.Plan` the call ran."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]
     stats: dict[str, Any]
+    plan: Any = None   # the `ssd_jax.Plan` the call ran (`decode(..., plan=)` replays it)
 
     def texts(self, tokenizer) -> list[str]:
         """Decodes each row with a `tokenizers.Tokenizer`."""

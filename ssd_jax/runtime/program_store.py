@@ -59,7 +59,7 @@ import jax
 import numpy as np
 
 from ssd_jax.runtime.calibration_store import machine, write_atomically
-from ssd_jax.progress import notice
+from ssd_jax.runtime.progress import notice
 
 FORMAT = 3
 FOLDER = "ssd_jax-programs"

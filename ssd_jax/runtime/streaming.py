@@ -18,7 +18,7 @@ from typing import Callable
 import jax
 import numpy as np
 
-from ssd_jax.tuning.adaptive import agreed, timings_allowed
+from ssd_jax.runtime.processes import agreed
 
 # sink(new_tokens int32 [B, N], counts int32 [B]): row b produced new_tokens[b, :counts[b]].
 StreamSink = Callable[[np.ndarray, np.ndarray], None]
@@ -29,7 +29,7 @@ StreamSink = Callable[[np.ndarray, np.ndarray], None]
 # ends the adaptive loop's phase: on the embedded pair on a 2-core CPU ~0.3 ms a piece for AR and
 # ~2 ms for SD, whose streamed calls decoded at 0.94-0.96x the unstreamed speed over 128 tokens
 # and 0.94-0.97x over 448 (AR's 0.97x and 1.01x).
-# Under SSD_JAX_DETERMINISTIC_AUTO=1 the pieces double up to FIXED_LAST_PIECE whatever their
+# Untimed (a deterministic tuner's calls) the pieces double up to FIXED_LAST_PIECE whatever their
 # times: where "auto" samples, the pieces' ends steer its choices, hence the tokens drawn.
 FIRST_PIECE = 4
 PIECE_SECONDS = 0.1
@@ -56,18 +56,18 @@ class TokenForwarder:
         self.sent += new
 
 
-def stream_pieces(begin: Callable, resume: Callable, sink: StreamSink) -> tuple[object, float]:
+def stream_pieces(begin: Callable, resume: Callable, sink: StreamSink, timed: bool) -> tuple[object, float]:
     """Runs a decode in pieces: begin() -> (state, output) and resume(state, piece int32 []) ->
     (state, output), each output a `DecodeOutput` so far and each piece ending once every row is
     done or holds `piece` tokens more than the running row with the fewest had, until every row
     is finished; the sink gets every piece's new tokens. Each piece is queued before the one
     before it is read back (JAX dispatches asynchronously), so the device never waits on the host's
     read and the sink; the piece queued after the last is empty. Returns (the last output, wall
-    seconds of the pieces and the sink)."""
+    seconds of the pieces and the sink). timed: pieces grow by their times (else up to
+    FIXED_LAST_PIECE whatever their times, so that the pieces never depend on a timing)."""
     start = time.perf_counter()
     state, output = begin()
     forwarder = None
-    timed = timings_allowed()
     piece = FIRST_PIECE
     read_at = start
     while True:

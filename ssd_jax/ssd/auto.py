@@ -1,7 +1,7 @@
 """SSD under draft_len="auto": the draft length chosen per call by the cost model, and a host-side
 switch to plain decoding when SSD measures slower than the target alone.
 
-The length: the synchronous methods' cost model (`ssd_jax.tuning.adaptive.choose_draft_len`)
+The length: the synchronous methods' cost model (`ssd_jax.tuning.cost_model.choose_draft_len`)
 with the draft's cache build priced where both models share devices (`build_priced`), SSD's own
 cost per step added (`step_overhead`: what its judged steps took beyond the model's target(L+1) +
 L draft forwards, measured on the program's recent calls; one target step before the first) and,
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import threading
 import time
 
 import jax
@@ -64,9 +63,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.draft import fanout
-from ssd_jax.tuning import adaptive
-from ssd_jax.tuning.adaptive import DecayedMeans, Recent, StepCosts, expected_tokens, timings_allowed, trimmed_mean
-from ssd_jax.tuning.plain_verdicts import PlainVerdicts, calls_apart
+from ssd_jax.tuning import measure
+from ssd_jax.tuning.cost_model import StepCosts, expected_tokens, trimmed_mean
+from ssd_jax.tuning.plain_verdicts import calls_apart
+from ssd_jax.tuning.ssd_memory import SSDMemory
 
 PLAIN_CHUNK = 16
 # Steps not judged: a call's first steps have no prefetched speculation yet (the draft works on
@@ -89,22 +89,14 @@ NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted
 # SSD's step overhead before a program's first judged call, in target steps (measured on one CPU
 # device, batch 1: 1.3-1.4 on an AMD EPYC VM, ~1.0 on an Intel Xeon one; `step_overhead`).
 PRIOR_OVERHEAD = 1.0
-VERDICT_WEIGHT = 0.25   # a judged call's weight in its key's mean log cost ratio (~4 calls' memory)
 PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps ...
 OTHER_LENGTH_PRIOR_STEPS = 2   # ... and of other lengths' where the call's length has none
-OVERHEAD_WEIGHT = 0.5   # a judged call's weight in its key's step overhead
 PLAIN_TIMED_RUNS = 6
 PLAIN_UNTIMED_RUNS = 2   # the chunk program's first runs (the first compiles), not timed
 PLAIN_TIMINGS = 3        # a key's plain step is timed at its first this many calls that run SSD ...
 PLAIN_RETIMED_RUNS = 3   # ... the later timings over this many runs (`plain_step_seconds`)
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
-_PLAIN_STEP_S = Recent()
-_PLAIN_RUNS = Recent()
-_VERDICTS = PlainVerdicts()
-_LENGTHS_RUN = Recent()
-_PAID = Recent()   # program keys with a call in this process where SSD paid (call ratio below 1)
-_LOCK = threading.Lock()
 
 
 def expected_largest_normal(count: int) -> float:
@@ -271,7 +263,7 @@ class PlainSwitch:
         return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
 
 
-def plain_step_seconds(key, run_chunk, state) -> float:
+def plain_step_seconds(memory: SSDMemory, key, run_chunk, state) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
     do not end within a chunk, `ssd_jax.ssd.host_loop._Decode.timing_state`): at the key's first
@@ -287,15 +279,15 @@ def plain_step_seconds(key, run_chunk, state) -> float:
     one process of three ran SSD at L=2 on every step, 0.84x AR, where the others ran AR's
     program). The step is the median of those timings and the last PLAIN_RUNS_KEPT switched
     calls' plain parts (`observe_plain_run`)."""
-    with _LOCK:
-        timings = _PLAIN_STEP_S.lookup(key, ())
+    with memory.lock:
+        timings = memory.plain_step_s.lookup(key, ())
     if len(timings) < PLAIN_TIMINGS:
         untimed, timed = (PLAIN_UNTIMED_RUNS, PLAIN_TIMED_RUNS) if not timings else (0, PLAIN_RETIMED_RUNS)
         seconds = _timed_plain_step(run_chunk, state, untimed, timed)
-        with _LOCK:
-            _PLAIN_STEP_S.store(key, (*_PLAIN_STEP_S.lookup(key, ()), seconds)[-PLAIN_TIMINGS:])
-    with _LOCK:
-        return float(np.median([*_PLAIN_STEP_S.lookup(key, ()), *_PLAIN_RUNS.lookup(key, ())]))
+        with memory.lock:
+            memory.plain_step_s.store(key, (*memory.plain_step_s.lookup(key, ()), seconds)[-PLAIN_TIMINGS:])
+    with memory.lock:
+        return float(np.median([*memory.plain_step_s.lookup(key, ()), *memory.plain_runs.lookup(key, ())]))
 
 
 def _timed_plain_step(run_chunk, state, untimed: int, timed: int) -> float:
@@ -313,26 +305,26 @@ def _timed_plain_step(run_chunk, state, untimed: int, timed: int) -> float:
     return trimmed_mean(per_step)
 
 
-def observe_plain_run(key, seconds: float, steps: int) -> None:
+def observe_plain_run(memory: SSDMemory, key, seconds: float, steps: int) -> None:
     """A switched call's plain part under `key` (`plain_step_seconds`'s): `seconds` for `steps`
     plain steps (one run of `ssd_steps.target_plain`, not compiling). Runs of fewer than
     PLAIN_RUN_MIN_STEPS steps are left out (a run's fixed cost would weigh in)."""
-    if steps < PLAIN_RUN_MIN_STEPS or not timings_allowed():
+    if steps < PLAIN_RUN_MIN_STEPS or not memory.measures:
         return
-    with _LOCK:
-        runs = _PLAIN_RUNS.lookup(key, ())
-        _PLAIN_RUNS.store(key, (*runs, float(seconds) / steps)[-PLAIN_RUNS_KEPT:])
+    with memory.lock:
+        runs = memory.plain_runs.lookup(key, ())
+        memory.plain_runs.store(key, (*runs, float(seconds) / steps)[-PLAIN_RUNS_KEPT:])
 
 
-def starts_plain(key) -> bool:
+def starts_plain(memory: SSDMemory, key) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the recent calls that
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
     module's docstring); always False under SSD_JAX_DETERMINISTIC_AUTO=1, where a call must not
     depend on the calls before it (verdicts remembered while timings were allowed included)."""
-    return timings_allowed() and _VERDICTS.starts_plain(key)
+    return memory.measures and memory.verdicts.starts_plain(key)
 
 
-def probe_length(key, best: int, speedup) -> int:
+def probe_length(memory: SSDMemory, key, best: int, speedup) -> int:
     """The draft length of a call of the program `key` whose cost model prefers `best`
     (speedup: callable length -> predicted speedup over plain decoding). A probe (SSD run again
     while the key's calls start plain) takes `best` while its key has run fewer than
@@ -347,40 +339,31 @@ def probe_length(key, best: int, speedup) -> int:
     (held-out code, T=0: the first call ran L=2 at 0.83x AR and the model priced L=4 at 0.57x,
     where L=4 and 6 ran 1.14x and 1.23x). A call that is no probe takes `best` (so does every
     call under SSD_JAX_DETERMINISTIC_AUTO=1)."""
-    if not timings_allowed() or not _VERDICTS.is_plain(key):
+    if not memory.measures or not memory.verdicts.is_plain(key):
         return best
-    with _LOCK:
-        ran = _LENGTHS_RUN.lookup(key) or ()
+    with memory.lock:
+        ran = memory.lengths_run.lookup(key) or ()
     if best in ran or len(ran) < PROBE_LENGTHS:
         return best
     known = max(ran, key=speedup)   # ran is sorted: ties go to the shorter
     return best if speedup(best) > max(speedup(known), 1.0) * (1.0 + NEW_LENGTH_GAIN) else known
 
 
-def ran_length(key, draft_len: int) -> None:
+def ran_length(memory: SSDMemory, key, draft_len: int) -> None:
     """Notes that a call of the program `key` ran SSD at draft_len (`probe_length`)."""
-    with _LOCK:
-        known = _LENGTHS_RUN.lookup(key) or ()
+    with memory.lock:
+        known = memory.lengths_run.lookup(key) or ()
         if draft_len not in known:
-            _LENGTHS_RUN.store(key, tuple(sorted(known + (int(draft_len),))))
+            memory.lengths_run.store(key, tuple(sorted(known + (int(draft_len),))))
 
 
-# Per program key: recent judged calls' log cost ratios (> 0: SSD slower than plain decoding)
-# over their SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
-# overhead in seconds (`step_overhead`), and the acceptance of its batch's pace.
-_RATIOS = DecayedMeans(VERDICT_WEIGHT, running_start=True)
-_STEADY_RATIOS = DecayedMeans(VERDICT_WEIGHT, running_start=True)
-_OVERHEADS = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
-_PACE_ACCEPTANCE = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
-
-
-def prior_log_ratio(key, draft_len: int | None = None) -> float | None:
+def prior_log_ratio(memory: SSDMemory, key, draft_len: int | None = None) -> float | None:
     """The program's recent judged calls' mean log cost ratio over their judged steps, SSD's
     steady state: over the calls at draft_len (None: at every length)."""
-    return _STEADY_RATIOS.lookup(key if draft_len is None else (key, int(draft_len)))
+    return memory.steady_ratios.lookup(key if draft_len is None else (key, int(draft_len)))
 
 
-def switch_prior(key, draft_len: int) -> tuple[float | None, float]:
+def switch_prior(memory: SSDMemory, key, draft_len: int) -> tuple[float | None, float]:
     """(prior_log_ratio, prior_steps) of a call's `PlainSwitch` at draft_len: the steady state of
     the program's calls at that length as PRIOR_STEPS judged steps; at a length no judged call
     ran, every length's as OTHER_LENGTH_PRIOR_STEPS where it says SSD lost (> 0), and as
@@ -392,16 +375,16 @@ def switch_prior(key, draft_len: int) -> tuple[float | None, float]:
     1.17x). Not none at all: where every length loses (batch 8, one CPU device) a probe at a new
     length whose window read near the break-even then ran SSD to its end (12% of the steps
     speculative against 1%, 0.96x AR against 1.00x)."""
-    own = prior_log_ratio(key, draft_len)
+    own = prior_log_ratio(memory, key, draft_len)
     if own is not None:
         return own, PRIOR_STEPS
-    other = prior_log_ratio(key)
+    other = prior_log_ratio(memory, key)
     if other is None:
         return None, PRIOR_STEPS
     return other, (PRIOR_STEPS if other < 0.0 else OTHER_LENGTH_PRIOR_STEPS)
 
 
-def build_priced(costs: StepCosts, draft, batch_size: int, context: int, slots: int, colocated: bool) -> StepCosts:
+def build_priced(tuner, costs: StepCosts, draft, batch_size: int, context: int, slots: int, colocated: bool) -> StepCosts:
     """SSD's StepCosts for the cost model: the draft-model methods' `costs` (target forwards, a
     draft forward at batch_size rows), plus, where both models share one device group
     (`colocated`), a draft forward at batch_size * slots rows per draft token: the draft's cache
@@ -414,11 +397,11 @@ def build_priced(costs: StepCosts, draft, batch_size: int, context: int, slots: 
     nothing was measured (costs.measured False) or timings are not allowed."""
     if not colocated or not costs.measured or slots <= 0:
         return costs
-    build = adaptive.forward_seconds(draft, batch_size * slots, 1, context)
+    build = measure.forward_seconds(tuner, draft, batch_size * slots, 1, context)
     return costs if build is None else dataclasses.replace(costs, draft=costs.draft + build)
 
 
-def step_overhead(key, target_step_s: float) -> float:
+def step_overhead(memory: SSDMemory, key, target_step_s: float) -> float:
     """Seconds a step of SSD's program `key` took beyond the cost model's speculative step
     (target(L+1) + L draft forwards) on its recent calls; before one was judged, PRIOR_OVERHEAD
     target steps (target_step_s: the cost model's target(1)); 0.0 under
@@ -433,13 +416,13 @@ def step_overhead(key, target_step_s: float) -> float:
     since the build grows with L, chose L of 1-2 at batch 4 where L=4 and 6 ran 1.09-1.10x AR:
     the lengths a call measures first are judged on the call's early steps, whose acceptance is
     lower.)"""
-    if not timings_allowed():
+    if not memory.measures:
         return 0.0
-    measured = _OVERHEADS.lookup(key)
+    measured = memory.overheads.lookup(key)
     return PRIOR_OVERHEAD * float(target_step_s) if measured is None else measured
 
 
-def pace_acceptance(key) -> float | None:
+def pace_acceptance(memory: SSDMemory, key) -> float | None:
     """The per-position acceptance at which the cost model's E(L) equals the tokens per step of
     the batch's pace (its row furthest behind) on the program's recent calls; None before one was
     judged (and under SSD_JAX_DETERMINISTIC_AUTO=1). A batch of rows runs until its last row is
@@ -447,12 +430,12 @@ def pace_acceptance(key) -> float | None:
     batch 4, T=1, one CPU device: L=4 ran 1.04x and 0.97x AR where L=6 ran 0.95x and 0.89x, in
     two processes; with SSD's overhead, the pooled acceptance chose 5.6 on average, the pace's
     3.9)."""
-    if not timings_allowed():
+    if not memory.measures:
         return None
-    return _PACE_ACCEPTANCE.lookup(key)
+    return memory.pace_acceptance.lookup(key)
 
 
-def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float, model_step_s: float) -> None:
+def remember_step(memory: SSDMemory, key, draft_len: int, judged_step_s: float, pace_tokens: float, model_step_s: float) -> None:
     """A judged call at draft_len: its mean judged step seconds against the cost model's step at
     that length (the difference, never below 0, joins `step_overhead`) and its batch's pace in
     tokens per step over all its SSD steps, the warm-up's included (`PlainSwitch.call_pace`;
@@ -462,8 +445,8 @@ def remember_step(key, draft_len: int, judged_step_s: float, pace_tokens: float,
     judged steps at L=6, 4.0 over the call; L=6 was chosen where fixed L=4 ran 1.00x AR and
     "auto" 0.97x)."""
     accepted = acceptance_for_tokens(pace_tokens, draft_len)
-    _OVERHEADS.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
-    _PACE_ACCEPTANCE.add(key, accepted)
+    memory.overheads.add(key, max(float(judged_step_s) - float(model_step_s), 0.0))
+    memory.pace_acceptance.add(key, accepted)
 
 
 def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
@@ -477,7 +460,7 @@ def acceptance_for_tokens(tokens_per_step: float, draft_len: int) -> float:
     return 0.5 * (low + high)
 
 
-def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int | None = None,
+def remember(memory: SSDMemory, key, call_ratio: float, judged_ratio: float | None, draft_len: int | None = None,
              probe_cost: float = 0.0) -> None:
     """A call at draft_len (None: not told) that ran at least MIN_STEPS SSD steps (or switched),
     with its `PlainSwitch.call_ratio` and `judged_ratio` (None: too few judged steps, the switch's
@@ -496,27 +479,18 @@ def remember(key, call_ratio: float, judged_ratio: float | None, draft_len: int 
     plainly: 1.05-1.08x AR against 1.21-1.24x). A call too short for the switch to judge
     (fewer than WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot
     switch either, and start plain if SSD's calls lost."""
-    mean = _RATIOS.add(key, float(np.log(max(call_ratio, 1e-9))))
+    mean = memory.ratios.add(key, float(np.log(max(call_ratio, 1e-9))))
     if judged_ratio is not None:
         steady = float(np.log(max(judged_ratio, 1e-9)))
-        _STEADY_RATIOS.add(key, steady)
+        memory.steady_ratios.add(key, steady)
         if draft_len is not None:
-            _STEADY_RATIOS.add((key, int(draft_len)), steady)
-    with _LOCK:
+            memory.steady_ratios.add((key, int(draft_len)), steady)
+    with memory.lock:
         if call_ratio < 1.0:
-            _PAID.store(key, True)
-        paid = _PAID.lookup(key, False)
+            memory.paid.store(key, True)
+        paid = memory.paid.lookup(key, False)
     apart = 0 if paid else calls_apart(probe_cost, PROBE_OVERHEAD)
     first = min(max(PROBE_EVERY, apart), PROBE_EVERY_MAX)
-    _VERDICTS.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
+    memory.verdicts.remember(key, mean > 0.0, back_off=mean >= np.log(BACKOFF_RATIO), first=first, most=PROBE_EVERY_MAX)
 
-
-def forget() -> None:
-    """Drops the remembered verdicts (tests, benchmarks starting a new prompt set)."""
-    _VERDICTS.forget()
-    with _LOCK:
-        _LENGTHS_RUN.clear()
-        _PAID.clear()
-    for means in (_RATIOS, _STEADY_RATIOS, _OVERHEADS, _PACE_ACCEPTANCE):
-        means.clear()
 

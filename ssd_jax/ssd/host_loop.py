@@ -45,8 +45,8 @@ import numpy as np
 
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
-from ssd_jax.tuning import adaptive
 from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.tuning.ssd_memory import SSDMemory
 from ssd_jax.ssd import steps as steps
 from ssd_jax.runtime.output import GenerateOutput, generate_output
 from ssd_jax.runtime.prompts import PromptBatch, bucket, row_keys
@@ -105,7 +105,7 @@ class _Decode:
 
     def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
-                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: bool = False,
+                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: SSDMemory | None = None,
                  verdict_key=None):
         b, length = batch.batch_size, plan.num_draft_tokens
         target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
@@ -185,7 +185,7 @@ class _Decode:
                                self.cur, d_keys)
         self.layout = self.estimator.layout()
         self.step = 1
-        if self.auto and not self.done.all() and adaptive.timings_allowed():
+        if self.auto is not None and self.auto.measures and not self.done.all():
             start, compile_start = time.perf_counter(), self.run.compile_s
             # Plain decoding's step does not depend on the draft, and on the length only through
             # the cache's 2L spare slots: one measurement serves every length of these shapes
@@ -194,9 +194,9 @@ class _Decode:
             key = ("ssd_plain", self.tgroup.ids(), self.target_kind, self.sampling, self.plan.prompt_size,
                    self.plan.out_size, self.rows.size)
             self.plain_key = key
-            plain_s = ssd_auto.plain_step_seconds(key, lambda state: self.run_plain(state, self.cur, 0)[1:],
+            plain_s = ssd_auto.plain_step_seconds(self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:],
                                                   self.timing_state())
-            prior, prior_steps = ssd_auto.switch_prior(self.verdict_key, self.plan.num_draft_tokens)
+            prior, prior_steps = ssd_auto.switch_prior(self.auto, self.verdict_key, self.plan.num_draft_tokens)
             self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
                                                prior_steps=prior_steps)
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
@@ -249,7 +249,7 @@ class _Decode:
                                                                        rest=self.stream is None)
             appended = np.asarray(appended)
             if self.plain_key is not None and self.run.compile_s == compile_start:
-                ssd_auto.observe_plain_run(self.plain_key, time.perf_counter() - start, int(np.max(appended)))
+                ssd_auto.observe_plain_run(self.auto, self.plain_key, time.perf_counter() - start, int(np.max(appended)))
             self.emit(emitted, appended)
             self.done = np.asarray(done).astype(bool)
             step += ssd_auto.PLAIN_CHUNK
@@ -369,7 +369,7 @@ class _Decode:
         switch = self.switch
         if self.verdict_key is not None and switch is not None and (
                 self.switched_at is not None or switch.spent_steps >= ssd_auto.MIN_STEPS):
-            ssd_auto.remember(self.verdict_key, switch.call_ratio(),
+            ssd_auto.remember(self.auto, self.verdict_key, switch.call_ratio(),
                               switch.judged_ratio() if switch.steps >= ssd_auto.MIN_STEPS else None,
                               self.plan.num_draft_tokens, probe_cost=switch.probe_cost(call_s))
 
@@ -379,16 +379,16 @@ def generate_ssd(
     num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
     target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
     fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
-    observe=None, auto: bool = False, verdict_key=None,
+    observe=None, auto: SSDMemory | None = None, verdict_key=None,
 ) -> GenerateOutput:
     """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
 
     sync_timing: wait for every device program alone and report each one's mean latency
     (`stats["latency_s"]`; no overlap). observe: optional callable(dict) called once, after the
     first step's dispatches, with the live arrays (target/draft params and states, the speculation
-    cache): tests check where they live. auto: draft_len "auto" (`ssd_jax.ssd.auto`):
-    switch to plain decoding once SSD measures slower, and remember the verdict under
-    verdict_key (None: not remembered).
+    cache): tests check where they live. auto: for draft_len "auto" (`ssd_jax.ssd.auto`), the
+    tuner's SSD memory: switch to plain decoding once SSD measures slower (a measuring tuner's),
+    and remember the verdict under verdict_key (None: not remembered).
     """
     b = batch.batch_size
     resolved = fallback if fallback != "auto" else ("ngram" if b >= AUTO_NGRAM_BATCH else "jit")

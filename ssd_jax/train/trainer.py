@@ -14,7 +14,7 @@ import numpy as np
 import optax
 
 from ssd_jax.errors import InputError
-from ssd_jax.progress import Progress
+from ssd_jax.runtime.progress import Progress
 from ssd_jax.train.data import batch_at, eval_batches
 
 

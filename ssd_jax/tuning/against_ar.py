@@ -26,10 +26,12 @@ import jax
 import numpy as np
 
 from ssd_jax.runtime import calibration_store
-from ssd_jax.tuning.adaptive import (FORCE_PLAIN, MEASURING, Recent, _CALIBRATION_ROUNDS, agreed, calibration_tokens,
-                                     timed_run, trimmed_mean)
 from ssd_jax.loop.adaptive_loop import NUM_COST_INPUTS
-from ssd_jax.progress import notice
+from ssd_jax.runtime.progress import notice
+from ssd_jax.runtime.processes import agreed
+from ssd_jax.tuning import measure
+from ssd_jax.tuning.cost_model import FORCE_PLAIN, trimmed_mean
+from ssd_jax.tuning.measure import calibration_tokens, timed_run
 
 # A call is checked against AR's program when its priced seconds are at least this share of its
 # AR steps at the loop's plain price: AR's program is at most ~25% cheaper than those (H100,
@@ -50,9 +52,6 @@ GAIN_MARGIN = 0.01
 # a 2-core machine measured 0.185), and a verdict on it would send the calls after a call that
 # paid to AR's program: it is kept as unmeasurable (no verdict) for the key.
 PLAUSIBLE_RATIO = (0.5, 1.5)
-
-_AR_RATIO = Recent()
-
 
 def step_price(loop_costs, cap: int) -> float:
     """Seconds of a loop step capped at `cap` (0: a plain step) by the loop's prices (loop_costs:
@@ -75,9 +74,9 @@ def call_seconds(loop_costs, steps_by_cap, plain_steps: int) -> float:
     return spec + int(plain_steps) * step_price(loop_costs, 0)
 
 
-def known_ratio(key) -> tuple[bool, float | None]:
+def known_ratio(tuner, key) -> tuple[bool, float | None]:
     """(whether `ar_step_ratio` measured key already, its ratio: None where unmeasurable)."""
-    cached = _AR_RATIO.lookup(key)
+    cached = tuner.remembered(tuner.ar_ratios, key)
     if cached is None:
         return False, None
     return True, None if np.isnan(cached) else cached
@@ -90,25 +89,25 @@ def _plausible(ratio: float) -> bool:
     return PLAUSIBLE_RATIO[0] <= ratio <= PLAUSIBLE_RATIO[1]
 
 
-def stored_ratio(loop_executable, key) -> tuple[bool, float | None]:
+def stored_ratio(tuner, loop_executable, key) -> tuple[bool, float | None]:
     """`known_ratio`, else the ratio a process before kept on disk for the loop's program (then
     remembered under key): (whether found, the ratio: None where unmeasurable). An implausible
     ratio on disk counts as absent, measured again and replaced: `ar_step_ratio` keeps none."""
-    known, ratio = known_ratio(key)
+    known, ratio = known_ratio(tuner, key)
     if known:
         return known, ratio
-    kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND, key))
+    kept = calibration_store.load(calibration_store.path_for(loop_executable, STORE_KIND, key, tuner.store_dir()))
     if kept is None or len(kept) != 1 or not _plausible(kept[0]):
         return False, None
-    _AR_RATIO.store(key, kept[0])
+    tuner.keep(tuner.ar_ratios, key, kept[0])
     return True, kept[0]
 
 
-def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
+def ar_step_ratio(tuner, ar_executable, ar_args: tuple, loop_executable, loop_args: tuple, key) -> float | None:
     """AR's program's step over the adaptive loop's plain step, measured once per key: both
     programs (AR's with its args, the last one max_new; the loop's with its args, the last two
     max_new and its cost inputs, run forced plain) timed alike, runs of 1 and of
-    `adaptive.calibration_tokens` tokens (whatever the call's max_new: the ratio is kept for every
+    `measure.calibration_tokens` tokens (whatever the call's max_new: the ratio is kept for every
     call of the program) interleaved over _CALIBRATION_ROUNDS rounds, each program's per
     step the round's difference over the steps between them; the trimmed mean of the rounds'
     ratios, the same on every process (`agreed`). Timed alike because two methods of timing
@@ -116,20 +115,21 @@ def ar_step_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tup
     12% below AR's timed by differences, where it does strictly more). None where a program's
     longer run takes no extra step, or the ratio is outside PLAUSIBLE_RATIO (remembered as such
     for the process); a plausible one is kept on disk too (`stored_ratio`)."""
-    known, ratio = known_ratio(key)
+    known, ratio = known_ratio(tuner, key)
     if known:
         return ratio
-    with MEASURING:
-        known, ratio = known_ratio(key)   # measured by another thread while this one waited
+    with tuner.measuring:
+        known, ratio = known_ratio(tuner, key)   # measured by another thread while this one waited
         if known:
             return ratio
         ratio = _measured_ratio(ar_executable, ar_args, loop_executable, loop_args)
         if ratio is None:
             return None
         plausible = _plausible(ratio)
-        _AR_RATIO.store(key, ratio if plausible else float("nan"))
+        tuner.keep(tuner.ar_ratios, key, ratio if plausible else float("nan"))
         if plausible:   # an implausible one is measured again by the next process
-            calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND, key), (ratio,))
+            calibration_store.save(calibration_store.path_for(loop_executable, STORE_KIND, key, tuner.store_dir()),
+                                  (ratio,))
     return ratio if plausible else None
 
 
@@ -147,7 +147,7 @@ def _measured_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: t
         if min(extra.values()) < 1:
             return None
         ratios = []
-        for _ in range(_CALIBRATION_ROUNDS):
+        for _ in range(measure._CALIBRATION_ROUNDS):
             seconds = {name: run()[0] for name, run in runs.items()}
             per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
                         for name in ("ar", "loop")}

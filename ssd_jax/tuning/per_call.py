@@ -32,7 +32,7 @@ one's holding its draft's prefill). The choice compares the steps alone. tokens(
 measured on that length's past calls, else E(L, a) = (1 - a^(L+1)) / (1 - a) scaled by what the
 nearest measured length read against its own E (a retrieval draft finds nothing on some steps,
 a cascade's lenient review accepts near misses: the geometric law alone is off by a factor that
-a measured length shows), a the pair's remembered per-position acceptance (`adaptive.ACCEPTANCE`,
+a measured length shows), a the pair's remembered per-position acceptance (`Tuner.acceptance`,
 which these calls update from their counters as the loop's do). The choice depends only on past
 calls and timings, so each call keeps its fixed program's exact law.
 
@@ -77,8 +77,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_jax.tuning.adaptive import DecayedMeans, Recent, StepCosts, agreed, expected_tokens, timings_allowed
 from ssd_jax.loop.adaptive_loop import compiled_caps, with_one
+from ssd_jax.runtime.processes import agreed
+from ssd_jax.tuning import cost_model, measure
+from ssd_jax.tuning.cost_model import StepCosts, expected_tokens
+from ssd_jax.tuning.memory import DecayedMeans, Recent
 from ssd_jax.tuning.plain_verdicts import calls_apart
 
 # Methods whose fixed programs differ from "auto" only in a length (and the shapes "auto" fixed
@@ -92,20 +95,7 @@ PROBE_EVERY_MAX = 64     # ... each probe that leaves AR's program winning doubl
 RETIME_EVERY_MAX = 1024  # the same for re-timing a winning program's runner-up (`_retimed_runner_up`)
 FULL_SHARE_STEPS = 16    # a call of this many target calls after its first counts fully in prices and tokens
 
-# (program key, L) -> seconds per target call past a call's fixed part; (program key, (FIXED, L)) -> that
-# fixed part (`record_fixed`), kept in the same table so that the two are dropped together
-_PRICES = DecayedMeans(PRICE_WEIGHT, running_start=True)
 FIXED = "fixed"
-# (program key, L) -> tokens per target call over E(L, a) at the acceptance a the call observed
-_TOKENS = DecayedMeans(PRICE_WEIGHT, running_start=True)
-_AR_CALLS = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
-# group -> (the winning program, calls of it since its runner-up was last re-timed, re-timings it
-# kept winning through)
-_WINNER_CALLS = Recent()
-_COMPACT = Recent(1024)   # a program's or group's full key -> its short key (`compact`)
-_LAYOUTS = Recent()       # (group, context bucket, timings allowed) -> its Candidates (`layout`)
-_NUMBERS = itertools.count()
-_LOCK = threading.Lock()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,38 +137,10 @@ class Candidate:
     paths: int = 1
 
 
-def compact(key) -> tuple:
-    """A short key standing for `key` in the tables here. A call's full keys (the weights'
-    identities, the method, sampling and shapes) took ~10 us to hash and compare, and a call looks
-    its programs up some 40 times: with the menus rebuilt each call, the choice cost 1.5 ms of host
-    time a call on CPU (~10% of a 128-token call of the embedded pair on an H200)."""
-    with _LOCK:
-        short = _COMPACT.lookup(key)
-        if short is None:
-            short = ("program", next(_NUMBERS))
-            _COMPACT.store(key, short)
-    return short
-
-
-def layout(group, context: int, build: Callable[[], list[Candidate]]) -> list[Candidate]:
-    """The Candidates of a call of `group` at this context (bucketed as the costs are): built
-    once (`build`, which measures the costs on a process's first call) and kept."""
-    from ssd_jax.tuning.adaptive import context_bucket
-
-    key = (group, context_bucket(context), timings_allowed())
-    with _LOCK:
-        found = _LAYOUTS.lookup(key)
-    if found is None:
-        found = build()
-        with _LOCK:
-            _LAYOUTS.store(key, found)
-    return found
-
-
 def applies(method, policy, rows: int) -> bool:
     """Whether an "auto" call of `method` on `rows` prompts runs a fixed program chosen per call:
     the backend policy says so below its `adaptive_per_call_below_rows`, for the METHODS."""
-    return (getattr(method, "adaptive", False) and method.name in METHODS
+    return (method.adaptive and method.name in METHODS
             and rows < policy.adaptive_per_call_below_rows)
 
 
@@ -205,22 +167,21 @@ def simple_menu(costs: StepCosts, max_len: int) -> Menu:
     return Menu(menu_lengths(max_len), np.asarray([model_seconds(costs, n) for n in range(max_len + 1)]))
 
 
-def menu_for(method, target, draft, sampling, batch: int, context: int) -> Menu:
+def menu_for(tuner, method, target, draft, sampling, batch: int, context: int) -> Menu:
     """The menu of an "auto" call of `method` (shaped: its paths and tree size fixed) on this
-    pair, batch and context, priced by the measured costs (`adaptive.measure_costs`, and for K > 1
+    pair, batch and context, priced by the measured costs (`measure.measure_costs` by the tuner, and for K > 1
     paths the draft's forward at K rows)."""
-    from ssd_jax.tuning import adaptive
     from ssd_jax.loop.cascade import cascade_schedule
     from ssd_jax.loop.retrieval import retrieval_layout
 
-    costs = adaptive.measure_costs(target, adaptive.cost_draft(method, draft), batch, context,
-                                   adaptive.cost_width(method))
+    costs = measure.measure_costs(tuner, target, cost_model.cost_draft(method, draft), batch, context,
+                                 cost_model.cost_width(method))
     if method.name == "csd":
-        width = cascade_schedule(method, len(adaptive.draft_models(draft)), sampling).target_width
+        width = cascade_schedule(method, len(cost_model.draft_models(draft)), sampling).target_width
         return Menu(menu_lengths(width), np.asarray([costs.target(n + 1) for n in range(width + 1)]))
     if method.name in ("pld", "logitspec"):
         lengths = (menu_lengths(method.max_draft_len) if method.name == "pld"
-                   else (adaptive.logitspec_branch(method),))
+                   else (cost_model.logitspec_branch(method),))
         model = np.zeros(lengths[-1] + 1)
         model[0] = costs.target(1)
         for n in lengths:
@@ -229,7 +190,7 @@ def menu_for(method, target, draft, sampling, batch: int, context: int) -> Menu:
     paths = getattr(method, "paths", 1)
     if paths == 1:
         return simple_menu(costs, method.max_draft_len)
-    rows = adaptive.forward_seconds(draft, batch * paths, 1, context) if costs.measured else None
+    rows = measure.forward_seconds(tuner, draft, batch * paths, 1, context) if costs.measured else None
     return Menu(menu_lengths(method.max_draft_len),
                 np.asarray([model_seconds(costs, n, paths, rows) for n in range(method.max_draft_len + 1)]))
 
@@ -242,67 +203,8 @@ def fixed(method, length: int):
     return dataclasses.replace(method, **{field: int(length)}, **extra)
 
 
-def _surpluses(key, menu: Menu, memo: dict | None = None) -> dict[int, float]:
-    """Measured seconds per target call over the model's, by length (0: AR's program), of the
-    menu's programs measured under key (kept in memo, by key, where given: one choice reads each
-    key's several times)."""
-    if memo is not None and key in memo:
-        return memo[key]
-    found = {}
-    if memo is not None:
-        memo[key] = found
-    if not timings_allowed():
-        return found
-    for length in (0,) + menu.lengths:
-        measured = _PRICES.lookup((key, length))
-        if measured is not None:
-            found[length] = measured - menu.model_s[length]
-    return found
-
-
 def _nearest(lengths, length: int) -> int:
     return min(lengths, key=lambda n: (abs(n - length), n))
-
-
-def prices(key, menu: Menu, borrow: Sequence[tuple] = (), memo: dict | None = None) -> np.ndarray:
-    """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
-    length: the model's plus the surplus measured on that program; for a length not measured, the
-    nearest measured length's surplus (the shorter on a tie); where no length of this key was
-    measured, that of the first of borrow's (key, menu, scale) that has one, times scale where
-    positive (another shape's: K / K' paths; a negative one, forwards that run faster inside the
-    program than the model measured them alone, does not grow with the paths), else AR's, else
-    none; for AR's program not measured, the shortest measured length's (priced bare against
-    measured drafts, AR's program looked cheaper than it is, and a call that paid would hand the
-    next one to it). Entries of lengths off the menu: inf. memo: as `_surpluses`'."""
-    surplus = _surpluses(key, menu, memo)
-    drafted = [n for n in surplus if n > 0]
-    borrowed = None
-    if not drafted:
-        for other_key, other_menu, scale in borrow:
-            theirs = {n: extra for n, extra in _surpluses(other_key, other_menu, memo).items() if n > 0}
-            if theirs:
-                borrowed = theirs, scale, other_menu
-                break
-    out = np.full(menu.max_len + 1, np.inf)
-    for length in (0,) + menu.lengths:
-        if length in surplus:
-            extra = surplus[length]
-        elif drafted:
-            near = _nearest(drafted, length)
-            extra = _carried(surplus[near], menu.model_s[near], menu.model_s[length])
-        elif borrowed is not None and length > 0:
-            theirs, scale, other_menu = borrowed
-            near = _nearest(theirs, length)
-            extra = theirs[near] * scale if theirs[near] > 0 else _carried(
-                theirs[near], other_menu.model_s[near], menu.model_s[length])
-        else:
-            extra = surplus.get(0, 0.0)
-        price = menu.model_s[length] + extra
-        if length and length not in surplus:
-            # A speculative step verifies more than AR's and drafts besides: never predicted cheaper.
-            price = max(price, out[0])
-        out[length] = max(price, 1e-12)
-    return out
 
 
 def _carried(surplus: float, source_model_s: float, model_s: float) -> float:
@@ -316,61 +218,6 @@ def _carried(surplus: float, source_model_s: float, model_s: float) -> float:
     return surplus * model_s / source_model_s
 
 
-def tokens_per_call(key, menu: Menu, acceptance: float) -> np.ndarray:
-    """float64 [max_len + 1]: tokens per target call of AR's program (1) and of each menu length:
-    E(L, a) at the remembered acceptance a, times what that length's past calls read against E at
-    the acceptance each observed (`record`), else the nearest measured length's (the shorter on a
-    tie), else 1. So the lengths follow the text's acceptance, which every speculative call
-    renews, while only a length's own calls say how far it reads from the geometric law (a
-    retrieval draft that finds nothing on some steps; a length measured while the text was hard
-    kept its few tokens when they were remembered as such, and lost to shorter ones for good:
-    simulated, L=2 on 258 of 260 calls at 0.68 of L=8 after a 10-call dip). Entries off the
-    menu: 0."""
-    measured = {}
-    if timings_allowed():
-        for length in menu.lengths:
-            value = _TOKENS.lookup((key, length))
-            if value is not None:
-                measured[length] = value
-    out = np.zeros(menu.max_len + 1)
-    out[0] = 1.0
-    for length in menu.lengths:
-        ratio = measured[length] if length in measured else (
-            measured[_nearest(measured, length)] if measured else 1.0)
-        out[length] = expected_tokens(acceptance, length) * ratio
-    return out
-
-
-def predicted_speedups(key, menu: Menu, acceptance: float, borrow: Sequence[tuple] = (),
-                       memo: dict | None = None) -> np.ndarray:
-    """float64 [max_len + 1]: each program's predicted speedup over AR's (index 0: 1.0; lengths
-    off the menu: 0). borrow: as `prices`'."""
-    price = prices(key, menu, borrow, memo)
-    return tokens_per_call(key, menu, acceptance) * price[0] / price
-
-
-def shape_speedups(shapes: Sequence[Shape], memo: dict | None = None) -> list[np.ndarray]:
-    """Each shape's `predicted_speedups` (shapes in ascending paths), a shape not yet measured
-    borrowing from the others, nearest path count first, at K / K'; a shape not yet measured is
-    predicted (else 0: not chosen) only once the shape of the next fewer paths has a measured
-    length, so paths are tried one count at a time from the first (the fewest paths: the
-    cheapest program to compile). One path runs SD's programs, whose surplus says little of a
-    multi-path verifier's: on an H200 at T=1 GBV with 4 paths, priced from one path's, ran 0.33 ms
-    a token on its first call against one path's 0.10 and AR's 0.16, then 2 paths' 0.30, before
-    both were priced out (five programs tried in 12 calls: 0.94-0.99x AR); 2 paths, once priced,
-    say what 4 will cost."""
-    measured = [any(n > 0 for n in _surpluses(shape.key, shape.menu, memo)) for shape in shapes]
-    out = []
-    for index, shape in enumerate(shapes):
-        if index and not measured[index] and not measured[index - 1]:
-            out.append(np.zeros(shape.menu.max_len + 1))
-            continue
-        others = sorted((o for o in shapes if o is not shape), key=lambda o: abs(math.log(o.paths / shape.paths)))
-        borrow = [(o.key, o.menu, shape.paths / o.paths) for o in others]
-        out.append(predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow, memo))
-    return out
-
-
 def probe_interval(best_speedup: float, probes_lost: int, most: int = PROBE_EVERY_MAX) -> int:
     """The calls of AR's program between probes while it wins: as many as keep a probe's predicted
     loss (1 / best_speedup - 1 of an AR call) within PROBE_OVERHEAD of them, at least
@@ -380,93 +227,11 @@ def probe_interval(best_speedup: float, probes_lost: int, most: int = PROBE_EVER
     return min(first * 2 ** min(probes_lost, 16), most)
 
 
-def _priced(shapes: Sequence[Shape], memo: dict | None = None) -> np.ndarray:
-    """bool, every shape's lengths 1..max_len in turn: whether that program has a measured price."""
-    out = []
-    for shape in shapes:
-        measured = _surpluses(shape.key, shape.menu, memo)
-        out += [n in measured for n in range(1, shape.menu.max_len + 1)]
-    return np.asarray(out, dtype=bool)
-
-
-def choose_shape(group, shapes: Sequence[Shape]) -> tuple[int, int]:
-    """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
-    shape a probe would run): the best predicted speedup over every shape's lengths (ties: the
-    earlier shape, the shorter length), a program never run counted at 1 / EXPLORE_GAIN of its
-    prediction; a speculative program over AR's only where that predicts a gain. A program never
-    run costs a compile and a slow first run before its price is known (CPU, PLD at T=1, a near
-    tie: L=1's compiling call took 0.36-0.43 s against AR's 0.26-0.31, set no price, and the next
-    call ran it again; auto ran 0.96-0.99x AR), so it waits for a clear predicted gain, and where
-    AR's program wins, a probe runs the best program already priced (any, where none is), once
-    `probe_interval` calls of AR's program ran since speculation last won or the last probe,
-    counted under group. Decided on process 0's prices on every process (`agreed`)."""
-    memo = {}
-    table = shape_speedups(shapes, memo)
-    flat = agreed(np.concatenate([t[1:] for t in table]))
-    priced = agreed(_priced(shapes, memo).astype(np.float64)) > 0
-    best = int(np.argmax(np.round(np.where(priced, flat, flat / EXPLORE_GAIN), 6)))
-    if flat[best] > (1.0 if priced[best] else EXPLORE_GAIN):
-        with _LOCK:
-            _AR_CALLS.store(group, (0, 0))
-        return _retimed_runner_up(group, table, flat, priced, best)
-    if priced.any():
-        best = int(np.argmax(np.where(priced, np.round(flat, 6), -np.inf)))
-    with _LOCK:
-        _WINNER_CALLS.store(group, (None, 0, 0))
-        since, probes_lost = _AR_CALLS.lookup(group, (0, 0))
-        since += 1
-        probe = since >= probe_interval(float(flat[best]), probes_lost) and timings_allowed()
-        _AR_CALLS.store(group, (0, probes_lost + 1) if probe else (since, probes_lost))
-    index, length = _place(table, best)
-    return index, (length if probe else 0)
-
-
-def _retimed_runner_up(group, table: Sequence[np.ndarray], flat: np.ndarray, priced: np.ndarray,
-                       best: int) -> tuple[int, int]:
-    """(shape index, length) of a call where a speculative program wins: that program, but for a
-    re-timing of the runner-up (the best other priced program, or AR's), once `probe_interval`
-    calls of the winner ran since it won or since the runner-up was last re-timed (at the
-    runner-up's predicted speed relative to the winner's, doubled each re-timing the winner kept
-    winning through, at most RETIME_EVERY_MAX: a runner-up far behind costs a re-timing within
-    PROBE_OVERHEAD of the calls between, so it is re-timed seldom, but still is). A price is
-    renewed only by running its program: without this one slow run of AR's program, or of a
-    longer length when the text turned easier, kept it priced out for good (simulated: L=1 on 270
-    of 270 calls at 0.91x AR after one AR run 2x slow; L=4 at 2.2x where L=8 paid 2.5x)."""
-    others = np.where(priced & (np.arange(flat.shape[0]) != best), np.round(flat, 6), -np.inf)
-    runner = int(np.argmax(others))
-    ar_runs_up = not np.isfinite(others[runner]) or flat[runner] < 1.0
-    runner_speedup = 1.0 if ar_runs_up else float(flat[runner])
-    with _LOCK:
-        winner, since, kept = _WINNER_CALLS.lookup(group, (None, 0, 0))
-        if winner != best:
-            since, kept = 0, 0
-        since += 1
-        interval = probe_interval(runner_speedup / float(flat[best]), kept, RETIME_EVERY_MAX)
-        retime = since >= interval and timings_allowed()
-        _WINNER_CALLS.store(group, (best, 0, kept + 1) if retime else (best, since, kept))
-    if not retime:
-        return _place(table, best)
-    return (_place(table, best)[0], 0) if ar_runs_up else _place(table, runner)
-
-
 def _place(table: Sequence[np.ndarray], flat_index: int) -> tuple[int, int]:
     """(shape index, length) of an index into the shapes' lengths laid end to end."""
     sizes = [t.shape[0] - 1 for t in table]
     index = int(np.searchsorted(np.cumsum(sizes), flat_index, side="right"))
     return index, 1 + flat_index - sum(sizes[:index])
-
-
-def choose(key, menu: Menu, acceptance: float) -> int:
-    """The length this call runs (0: AR's program) for one shape: `choose_shape`'s."""
-    return choose_shape(key, [Shape(key, menu, acceptance)])[1]
-
-
-def ar_unpriced(key) -> bool:
-    """Whether AR's program was not referenced under key (timings allowed; its mark, the fixed
-    part `record_fixed` keeps, dropped with the least recently used entries): the call then times
-    it on its inputs before choosing (module docstring). A price kept without its fixed part
-    would have AR's next call priced whole against steps priced past it."""
-    return fixed_part_unknown(key, 0)
 
 
 def call_share(steps: int) -> float:
@@ -476,74 +241,292 @@ def call_share(steps: int) -> float:
     return min(1.0, max(int(steps), 1) / FULL_SHARE_STEPS)
 
 
-def record_fixed(key, seconds: float, length: int = 0) -> None:
-    """The fixed part of a call of key's program of `length` (0: AR's, which stands for every
-    program of the key not measured itself): the seconds it takes on the call's inputs to one
-    token (launch, prefill, setup and the outputs; a drafted program's draft prefill besides:
-    CPU, embedded pair, AR 0.26 ms, SD at L=4 0.37, SpecTr at L=4 with 2 paths 0.48), which
-    `record` takes off each call's seconds before pricing its target calls after the first.
-    Recorded whatever the seconds, so that whether AR's reference ran (`ar_unpriced`) never
-    depends on a timing: on a mesh spanning processes each runs the same programs."""
-    if timings_allowed():
-        _PRICES.add((key, (FIXED, int(length))), max(float(seconds), 0.0))
+class PerCallMemory:
+    """What per-call "auto" remembers (a `ssd_jax.Tuner` owns one): per program key and length,
+    the seconds per target call past a call's fixed part and that fixed part (one table, so the
+    two are dropped together), the tokens per target call over E(L, a), the probe and re-timing
+    counts per group, and the short keys and layouts of the calls' programs. measures: False for a
+    deterministic tuner, which remembers nothing and never probes."""
 
+    def __init__(self, measures: bool):
+        self.measures = measures
+        # (program key, L) -> seconds per target call past a call's fixed part; (program key,
+        # (FIXED, L)) -> that fixed part (`record_fixed`)
+        self._prices = DecayedMeans(PRICE_WEIGHT, running_start=True)
+        # (program key, L) -> tokens per target call over E(L, a) at the acceptance a the call observed
+        self._tokens = DecayedMeans(PRICE_WEIGHT, running_start=True)
+        self._ar_calls = Recent()   # group -> (calls of AR's program since the last probe, probes it kept winning through)
+        # group -> (the winning program, calls of it since its runner-up was last re-timed, re-timings
+        # it kept winning through)
+        self._winner_calls = Recent()
+        self._compact = Recent(1024)   # a program's or group's full key -> its short key (`compact`)
+        self._layouts = Recent()       # (group, context bucket) -> its Candidates (`layout`)
+        self._numbers = itertools.count()
+        self._lock = threading.Lock()
 
-def fixed_part_unknown(key, length: int) -> bool:
-    """Whether the fixed part of key's program of `length` was not measured itself (timings
-    allowed): the call that ran it then measures it (`generate._fixed_seconds`)."""
-    return timings_allowed() and _PRICES.lookup((key, (FIXED, int(length)))) is None
+    def compact(self, key) -> tuple:
+        """A short key standing for `key` in the tables here. A call's full keys (the weights'
+        identities, the method, sampling and shapes) took ~10 us to hash and compare, and a call looks
+        its programs up some 40 times: with the menus rebuilt each call, the choice cost 1.5 ms of host
+        time a call on CPU (~10% of a 128-token call of the embedded pair on an H200)."""
+        with self._lock:
+            short = self._compact.lookup(key)
+            if short is None:
+                short = ("program", next(self._numbers))
+                self._compact.store(key, short)
+        return short
 
+    def layout(self, group, context: int, build: Callable[[], list[Candidate]]) -> list[Candidate]:
+        """The Candidates of a call of `group` at this context (bucketed as the costs are): built
+        once (`build`, which measures the costs on a process's first call) and kept."""
+        key = (group, cost_model.context_bucket(context))
+        with self._lock:
+            found = self._layouts.lookup(key)
+        if found is None:
+            found = build()
+            with self._lock:
+                self._layouts.store(key, found)
+        return found
 
-def fixed_part(key, length: int) -> float | None:
-    """The fixed part of a call of key's program of `length`: its own where measured, else AR's,
-    else None."""
-    own = _PRICES.lookup((key, (FIXED, int(length))))
-    return own if own is not None else _PRICES.lookup((key, (FIXED, 0)))
+    def _surpluses(self, key, menu: Menu, memo: dict | None = None) -> dict[int, float]:
+        """Measured seconds per target call over the model's, by length (0: AR's program), of the
+        menu's programs measured under key (kept in memo, by key, where given: one choice reads each
+        key's several times)."""
+        if memo is not None and key in memo:
+            return memo[key]
+        found = {}
+        if memo is not None:
+            memo[key] = found
+        if not self.measures:
+            return found
+        for length in (0,) + menu.lengths:
+            measured = self._prices.lookup((key, length))
+            if measured is not None:
+                found[length] = measured - menu.model_s[length]
+        return found
 
+    def prices(self, key, menu: Menu, borrow: Sequence[tuple] = (), memo: dict | None = None) -> np.ndarray:
+        """float64 [max_len + 1]: seconds per target call of AR's program (index 0) and of each menu
+        length: the model's plus the surplus measured on that program; for a length not measured, the
+        nearest measured length's surplus (the shorter on a tie); where no length of this key was
+        measured, that of the first of borrow's (key, menu, scale) that has one, times scale where
+        positive (another shape's: K / K' paths; a negative one, forwards that run faster inside the
+        program than the model measured them alone, does not grow with the paths), else AR's, else
+        none; for AR's program not measured, the shortest measured length's (priced bare against
+        measured drafts, AR's program looked cheaper than it is, and a call that paid would hand the
+        next one to it). Entries of lengths off the menu: inf. memo: as `_surpluses`'."""
+        surplus = self._surpluses(key, menu, memo)
+        drafted = [n for n in surplus if n > 0]
+        borrowed = None
+        if not drafted:
+            for other_key, other_menu, scale in borrow:
+                theirs = {n: extra for n, extra in self._surpluses(other_key, other_menu, memo).items() if n > 0}
+                if theirs:
+                    borrowed = theirs, scale, other_menu
+                    break
+        out = np.full(menu.max_len + 1, np.inf)
+        for length in (0,) + menu.lengths:
+            if length in surplus:
+                extra = surplus[length]
+            elif drafted:
+                near = _nearest(drafted, length)
+                extra = _carried(surplus[near], menu.model_s[near], menu.model_s[length])
+            elif borrowed is not None and length > 0:
+                theirs, scale, other_menu = borrowed
+                near = _nearest(theirs, length)
+                extra = theirs[near] * scale if theirs[near] > 0 else _carried(
+                    theirs[near], other_menu.model_s[near], menu.model_s[length])
+            else:
+                extra = surplus.get(0, 0.0)
+            price = menu.model_s[length] + extra
+            if length and length not in surplus:
+                # A speculative step verifies more than AR's and drafts besides: never predicted cheaper.
+                price = max(price, out[0])
+            out[length] = max(price, 1e-12)
+        return out
 
-def price_table() -> dict:
-    """(program key, length) -> the remembered seconds per target call (tests, reports)."""
-    return {key: price for key, price in _PRICES.means().items() if isinstance(key[1], int)}
+    def tokens_per_call(self, key, menu: Menu, acceptance: float) -> np.ndarray:
+        """float64 [max_len + 1]: tokens per target call of AR's program (1) and of each menu length:
+        E(L, a) at the remembered acceptance a, times what that length's past calls read against E at
+        the acceptance each observed (`record`), else the nearest measured length's (the shorter on a
+        tie), else 1. So the lengths follow the text's acceptance, which every speculative call
+        renews, while only a length's own calls say how far it reads from the geometric law (a
+        retrieval draft that finds nothing on some steps; a length measured while the text was hard
+        kept its few tokens when they were remembered as such, and lost to shorter ones for good:
+        simulated, L=2 on 258 of 260 calls at 0.68 of L=8 after a 10-call dip). Entries off the
+        menu: 0."""
+        measured = {}
+        if self.measures:
+            for length in menu.lengths:
+                value = self._tokens.lookup((key, length))
+                if value is not None:
+                    measured[length] = value
+        out = np.zeros(menu.max_len + 1)
+        out[0] = 1.0
+        for length in menu.lengths:
+            ratio = measured[length] if length in measured else (
+                measured[_nearest(measured, length)] if measured else 1.0)
+            out[length] = expected_tokens(acceptance, length) * ratio
+        return out
 
+    def predicted_speedups(self, key, menu: Menu, acceptance: float, borrow: Sequence[tuple] = (),
+                           memo: dict | None = None) -> np.ndarray:
+        """float64 [max_len + 1]: each program's predicted speedup over AR's (index 0: 1.0; lengths
+        off the menu: 0). borrow: as `prices`'."""
+        price = self.prices(key, menu, borrow, memo)
+        return self.tokens_per_call(key, menu, acceptance) * price[0] / price
 
-def record(key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None,
-           acceptance: float | None = None) -> None:
-    """A finished call of length's program (0: AR's): its seconds per target call join that
-    length's price (None: not timed, a streamed call's host copies would be in it), its tokens
-    per target call (a speculative length's) over E(length, acceptance), the per-position
-    acceptance the call observed (required with tokens), that length's ratio to the geometric law
-    (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
-    call. Where the key's fixed part is known (`record_fixed`, `fixed_part`), the price is the
-    seconds past it over the target calls past the first (which it holds), and a call of one
-    target call (its rows all ended at their first token) records nothing: a call whose rows
-    ended early is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4
-    tokens in 3 target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is
-    fixed), and priced whole it made its length look 4x dearer per target call: AR's program ran
-    the set's last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target
-    calls past the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
-    if length and tokens is not None and acceptance is None:
-        raise ValueError("per_call.record: tokens need the acceptance the call observed")
-    if not timings_allowed() or target_calls <= 0:
-        return
-    fixed = fixed_part(key, length)
-    steps = int(target_calls) - (1 if fixed is not None else 0)
-    if steps <= 0:
-        return
-    share = call_share(steps)
-    if seconds is not None:
-        steady = float(seconds) - (fixed or 0.0)
-        if steady > 0:
-            _PRICES.add((key, int(length)), steady / steps, share)
-    if length and tokens is not None and tokens > 0:
-        _TOKENS.add((key, int(length)), float(tokens) / expected_tokens(acceptance, int(length)), share)
+    def shape_speedups(self, shapes: Sequence[Shape], memo: dict | None = None) -> list[np.ndarray]:
+        """Each shape's `predicted_speedups` (shapes in ascending paths), a shape not yet measured
+        borrowing from the others, nearest path count first, at K / K'; a shape not yet measured is
+        predicted (else 0: not chosen) only once the shape of the next fewer paths has a measured
+        length, so paths are tried one count at a time from the first (the fewest paths: the
+        cheapest program to compile). One path runs SD's programs, whose surplus says little of a
+        multi-path verifier's: on an H200 at T=1 GBV with 4 paths, priced from one path's, ran 0.33 ms
+        a token on its first call against one path's 0.10 and AR's 0.16, then 2 paths' 0.30, before
+        both were priced out (five programs tried in 12 calls: 0.94-0.99x AR); 2 paths, once priced,
+        say what 4 will cost."""
+        measured = [any(n > 0 for n in self._surpluses(shape.key, shape.menu, memo)) for shape in shapes]
+        out = []
+        for index, shape in enumerate(shapes):
+            if index and not measured[index] and not measured[index - 1]:
+                out.append(np.zeros(shape.menu.max_len + 1))
+                continue
+            others = sorted((o for o in shapes if o is not shape), key=lambda o: abs(math.log(o.paths / shape.paths)))
+            borrow = [(o.key, o.menu, shape.paths / o.paths) for o in others]
+            out.append(self.predicted_speedups(shape.key, shape.menu, shape.acceptance, borrow, memo))
+        return out
 
+    def _priced(self, shapes: Sequence[Shape], memo: dict | None = None) -> np.ndarray:
+        """bool, every shape's lengths 1..max_len in turn: whether that program has a measured price."""
+        out = []
+        for shape in shapes:
+            measured = self._surpluses(shape.key, shape.menu, memo)
+            out += [n in measured for n in range(1, shape.menu.max_len + 1)]
+        return np.asarray(out, dtype=bool)
 
-def forget() -> None:
-    """Drops the remembered prices, tokens, probe counts and layouts (tests, benchmarks starting
-    anew)."""
-    _PRICES.clear()
-    _TOKENS.clear()
-    _AR_CALLS.clear()
-    _WINNER_CALLS.clear()
-    _COMPACT.clear()
-    _LAYOUTS.clear()
+    def choose_shape(self, group, shapes: Sequence[Shape]) -> tuple[int, int]:
+        """(the shape's index, the length) this call runs (length 0: AR's program, the index then the
+        shape a probe would run): the best predicted speedup over every shape's lengths (ties: the
+        earlier shape, the shorter length), a program never run counted at 1 / EXPLORE_GAIN of its
+        prediction; a speculative program over AR's only where that predicts a gain. A program never
+        run costs a compile and a slow first run before its price is known (CPU, PLD at T=1, a near
+        tie: L=1's compiling call took 0.36-0.43 s against AR's 0.26-0.31, set no price, and the next
+        call ran it again; auto ran 0.96-0.99x AR), so it waits for a clear predicted gain, and where
+        AR's program wins, a probe runs the best program already priced (any, where none is), once
+        `probe_interval` calls of AR's program ran since speculation last won or the last probe,
+        counted under group. Decided on process 0's prices on every process (`agreed`)."""
+        memo = {}
+        table = self.shape_speedups(shapes, memo)
+        flat = agreed(np.concatenate([t[1:] for t in table]))
+        priced = agreed(self._priced(shapes, memo).astype(np.float64)) > 0
+        best = int(np.argmax(np.round(np.where(priced, flat, flat / EXPLORE_GAIN), 6)))
+        if flat[best] > (1.0 if priced[best] else EXPLORE_GAIN):
+            with self._lock:
+                self._ar_calls.store(group, (0, 0))
+            return self._retimed_runner_up(group, table, flat, priced, best)
+        if priced.any():
+            best = int(np.argmax(np.where(priced, np.round(flat, 6), -np.inf)))
+        with self._lock:
+            self._winner_calls.store(group, (None, 0, 0))
+            since, probes_lost = self._ar_calls.lookup(group, (0, 0))
+            since += 1
+            probe = since >= probe_interval(float(flat[best]), probes_lost) and self.measures
+            self._ar_calls.store(group, (0, probes_lost + 1) if probe else (since, probes_lost))
+        index, length = _place(table, best)
+        return index, (length if probe else 0)
+
+    def _retimed_runner_up(self, group, table: Sequence[np.ndarray], flat: np.ndarray, priced: np.ndarray,
+                           best: int) -> tuple[int, int]:
+        """(shape index, length) of a call where a speculative program wins: that program, but for a
+        re-timing of the runner-up (the best other priced program, or AR's), once `probe_interval`
+        calls of the winner ran since it won or since the runner-up was last re-timed (at the
+        runner-up's predicted speed relative to the winner's, doubled each re-timing the winner kept
+        winning through, at most RETIME_EVERY_MAX: a runner-up far behind costs a re-timing within
+        PROBE_OVERHEAD of the calls between, so it is re-timed seldom, but still is). A price is
+        renewed only by running its program: without this one slow run of AR's program, or of a
+        longer length when the text turned easier, kept it priced out for good (simulated: L=1 on 270
+        of 270 calls at 0.91x AR after one AR run 2x slow; L=4 at 2.2x where L=8 paid 2.5x)."""
+        others = np.where(priced & (np.arange(flat.shape[0]) != best), np.round(flat, 6), -np.inf)
+        runner = int(np.argmax(others))
+        ar_runs_up = not np.isfinite(others[runner]) or flat[runner] < 1.0
+        runner_speedup = 1.0 if ar_runs_up else float(flat[runner])
+        with self._lock:
+            winner, since, kept = self._winner_calls.lookup(group, (None, 0, 0))
+            if winner != best:
+                since, kept = 0, 0
+            since += 1
+            interval = probe_interval(runner_speedup / float(flat[best]), kept, RETIME_EVERY_MAX)
+            retime = since >= interval and self.measures
+            self._winner_calls.store(group, (best, 0, kept + 1) if retime else (best, since, kept))
+        if not retime:
+            return _place(table, best)
+        return (_place(table, best)[0], 0) if ar_runs_up else _place(table, runner)
+
+    def choose(self, key, menu: Menu, acceptance: float) -> int:
+        """The length this call runs (0: AR's program) for one shape: `choose_shape`'s."""
+        return self.choose_shape(key, [Shape(key, menu, acceptance)])[1]
+
+    def ar_unpriced(self, key) -> bool:
+        """Whether AR's program was not referenced under key (timings allowed; its mark, the fixed
+        part `record_fixed` keeps, dropped with the least recently used entries): the call then times
+        it on its inputs before choosing (module docstring). A price kept without its fixed part
+        would have AR's next call priced whole against steps priced past it."""
+        return self.fixed_part_unknown(key, 0)
+
+    def record_fixed(self, key, seconds: float, length: int = 0) -> None:
+        """The fixed part of a call of key's program of `length` (0: AR's, which stands for every
+        program of the key not measured itself): the seconds it takes on the call's inputs to one
+        token (launch, prefill, setup and the outputs; a drafted program's draft prefill besides:
+        CPU, embedded pair, AR 0.26 ms, SD at L=4 0.37, SpecTr at L=4 with 2 paths 0.48), which
+        `record` takes off each call's seconds before pricing its target calls after the first.
+        Recorded whatever the seconds, so that whether AR's reference ran (`ar_unpriced`) never
+        depends on a timing: on a mesh spanning processes each runs the same programs."""
+        if self.measures:
+            self._prices.add((key, (FIXED, int(length))), max(float(seconds), 0.0))
+
+    def fixed_part_unknown(self, key, length: int) -> bool:
+        """Whether the fixed part of key's program of `length` was not measured itself (timings
+        allowed): the call that ran it then measures it (`generate._fixed_seconds`)."""
+        return self.measures and self._prices.lookup((key, (FIXED, int(length)))) is None
+
+    def fixed_part(self, key, length: int) -> float | None:
+        """The fixed part of a call of key's program of `length`: its own where measured, else AR's,
+        else None."""
+        own = self._prices.lookup((key, (FIXED, int(length))))
+        return own if own is not None else self._prices.lookup((key, (FIXED, 0)))
+
+    def price_table(self) -> dict:
+        """(program key, length) -> the remembered seconds per target call (tests, reports)."""
+        return {key: price for key, price in self._prices.means().items() if isinstance(key[1], int)}
+
+    def record(self, key, length: int, seconds: float | None, target_calls: int, tokens: float | None = None,
+               acceptance: float | None = None) -> None:
+        """A finished call of length's program (0: AR's): its seconds per target call join that
+        length's price (None: not timed, a streamed call's host copies would be in it), its tokens
+        per target call (a speculative length's) over E(length, acceptance), the per-position
+        acceptance the call observed (required with tokens), that length's ratio to the geometric law
+        (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
+        call. Where the key's fixed part is known (`record_fixed`, `fixed_part`), the price is the
+        seconds past it over the target calls past the first (which it holds), and a call of one
+        target call (its rows all ended at their first token) records nothing: a call whose rows
+        ended early is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4
+        tokens in 3 target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is
+        fixed), and priced whole it made its length look 4x dearer per target call: AR's program ran
+        the set's last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target
+        calls past the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
+        if length and tokens is not None and acceptance is None:
+            raise ValueError("per_call.record: tokens need the acceptance the call observed")
+        if not self.measures or target_calls <= 0:
+            return
+        fixed = self.fixed_part(key, length)
+        steps = int(target_calls) - (1 if fixed is not None else 0)
+        if steps <= 0:
+            return
+        share = call_share(steps)
+        if seconds is not None:
+            steady = float(seconds) - (fixed or 0.0)
+            if steady > 0:
+                self._prices.add((key, int(length)), steady / steps, share)
+        if length and tokens is not None and tokens > 0:
+            self._tokens.add((key, int(length)), float(tokens) / expected_tokens(acceptance, int(length)), share)

@@ -14,9 +14,8 @@ above AR's program's, `ssd_jax.tuning.against_ar`). The loop's own fall
 back already makes such calls nearly as fast as AR, but not quite: its plain steps keep a buffer
 of the tokens the draft missed and check every PLAIN_BLOCK steps whether speculation pays
 (retrieval also walks its drafts against the tokens drawn), which cost 1-4% of AR on CPU at
-batch 8 (PLD and LogitSpec at T=1, where every step decoded plainly: 0.96-0.99x AR). Under
-SSD_JAX_DETERMINISTIC_AUTO=1 nothing is remembered (a call must not depend on the calls before
-it).
+batch 8 (PLD and LogitSpec at T=1, where every step decoded plainly: 0.96-0.99x AR). A
+deterministic `Tuner` remembers nothing (a call must not depend on the calls before it).
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 
-from ssd_jax.tuning.adaptive import Recent, timings_allowed
+from ssd_jax.tuning.memory import Recent
 
 # The jitted loop's verdicts: a call that decoded this share of its steps plainly (all but about
 # one step in a hundred) makes the next calls of its key start plain; a probe every PROBE_EVERY
@@ -90,25 +89,19 @@ class PlainVerdicts:
             self._values.clear()
 
 
-LOOP_VERDICTS = PlainVerdicts()
-
-
-def starts_plain(key) -> bool:
+def starts_plain(tuner, key) -> bool:
     """Whether a synchronous method's "auto" call of `key` runs AR's program instead of the
-    adaptive loop (see the module's docstring); always False under SSD_JAX_DETERMINISTIC_AUTO=1."""
-    return timings_allowed() and LOOP_VERDICTS.starts_plain(key)
+    adaptive loop (see the module's docstring), by the tuner's verdicts; always False for a
+    deterministic tuner."""
+    return tuner.measures and tuner.loop_verdicts.starts_plain(key)
 
 
-def remember_share(key, plain_share: float, lost: bool = False) -> None:
+def remember_share(tuner, key, plain_share: float, lost: bool = False) -> None:
     """The verdict of an adaptive loop's call of `key` that decoded plain_share (float in [0, 1])
     of its steps plainly; lost: its steps, priced, came to more than AR's program would have taken
-    (`ssd_jax.tuning.against_ar`), which also makes the next calls start plain."""
-    if not timings_allowed():
+    (`ssd_jax.tuning.against_ar`), which also makes the next calls start plain. Kept by the tuner
+    (nothing for a deterministic one)."""
+    if not tuner.measures:
         return
-    LOOP_VERDICTS.remember(key, plain_share >= PLAIN_SHARE or lost, back_off=True, first=PROBE_EVERY,
-                           most=PROBE_EVERY_MAX)
-
-
-def forget() -> None:
-    """Drops the remembered verdicts of the jitted loop (tests, benchmarks starting a new set)."""
-    LOOP_VERDICTS.forget()
+    tuner.loop_verdicts.remember(key, plain_share >= PLAIN_SHARE or lost, back_off=True, first=PROBE_EVERY,
+                                 most=PROBE_EVERY_MAX)

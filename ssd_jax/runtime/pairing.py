@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import threading
 
-from ssd_jax.tuning.adaptive import Recent
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
+from ssd_jax.runtime.recent import Recent
 
 # Pairs of tokenizers found to agree, with their vocabulary sizes then: comparing two vocabularies
-# takes milliseconds (the embedded pair: 3 ms, 1.2% of a 128-token call on CPU), and every call of
+# takes milliseconds, and every call of
 # a draft-model method checks its pair. The cache holds the tokenizers themselves, so their ids
 # cannot be reused while listed; a tokenizer that gained tokens since is compared again.
 _AGREEING = Recent(16)   # (id, id) -> (target tokenizer, draft tokenizer, their sizes)

@@ -1,0 +1,84 @@
+"""A `generate` call of method SSD: the host loop at the method's length, or under draft_len="auto"
+at the length the tuner's cost model chooses, with what the tuner keeps after it."""
+
+from __future__ import annotations
+
+import time
+
+from ssd_jax.draft.fanout import max_budget
+from ssd_jax.methods import SSD
+from ssd_jax.model import Model
+from ssd_jax.runtime.output import GenerateOutput
+from ssd_jax.runtime.prompts import PromptBatch
+from ssd_jax.sampling import SamplingParams
+from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.ssd.host_loop import generate_ssd
+from ssd_jax.ssd.placement import placed_model, resolve_groups
+from ssd_jax.tuning import cost_model, measure
+
+
+def ssd_engine_options(method: SSD, draft_len: int | None = None) -> dict:
+    """`ssd_jax.ssd.host_loop.generate_ssd`'s keyword options from an SSD method object; draft_len:
+    the length to decode with (None: the method's, which must then be fixed, not "auto")."""
+    draft_len = method.draft_len if draft_len is None else draft_len
+    if not isinstance(draft_len, int):
+        raise TypeError(f"ssd_engine_options needs a fixed draft length, got {draft_len!r}: pass the chosen one")
+    return dict(num_draft_tokens=draft_len, fanout_budget=method.fanout_budget, fanout=method.fanout,
+                saguaro_c=method.saguaro_c, fallback=method.fallback, target_devices=method.target_devices,
+                draft_devices=method.draft_devices, fanout_acceptance=method.fanout_acceptance,
+                fanout_exponent=method.fanout_exponent)
+
+
+def ssd_target(method: SSD, target: Model, draft: Model) -> Model:
+    """The target placed on SSD's target group (`ssd_jax.ssd.placement`), where a call that a
+    remembered verdict decodes plainly runs AR's loop: where SSD measured plain decoding's step
+    that the verdict weighed, and where the SSD options put the target (unplaced, AR ran on the
+    default device: with target_devices=[1], draft_devices=[0], on the draft's device 0)."""
+    target_devices, _ = resolve_groups(method.target_devices, method.draft_devices, target, draft)
+    return placed_model(target, target_devices)
+
+
+def choose_length(tuner, method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch: PromptBatch,
+                  max_new_tokens: int, verdict_key: tuple) -> tuple[int, cost_model.StepCosts]:
+    """(the draft length of an "auto" call, the costs it was priced with): the draft-model
+    methods' cost model with the cache build's forwards where both models share devices, plus
+    SSD's own step overhead measured on the program's past calls, at the acceptance of their
+    batch's pace (before any: the remembered acceptance)."""
+    context = batch.max_length + max_new_tokens // 2
+    target_devices, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
+    slots = min(method.fanout_budget, max_budget(method.max_draft_len, target.config.vocab_size))
+    costs = ssd_auto.build_priced(tuner, measure.measure_costs(tuner, target, draft, batch.batch_size, context,
+                                                               method.max_draft_len),
+                                  draft, batch.batch_size, context, slots, target_devices == draft_devices)
+    paced = ssd_auto.pace_acceptance(tuner.ssd, verdict_key)
+    acceptance = tuner.acceptance_for(cost_model.acceptance_key(target, draft, method, sampling)) \
+        if paced is None else paced
+    overhead = ssd_auto.step_overhead(tuner.ssd, verdict_key, costs.target(1))
+    draft_len = ssd_auto.probe_length(
+        tuner.ssd, verdict_key,
+        cost_model.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
+        lambda n: cost_model.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))
+    ssd_auto.ran_length(tuner.ssd, verdict_key, draft_len)
+    return draft_len, costs
+
+
+def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                      sampling: SamplingParams, key, stream, verdict_key: tuple) -> tuple[GenerateOutput, int]:
+    """SSD's call: at the method's length, or under "auto" at `choose_length`'s, after which the
+    tuner keeps the call's acceptance, step overhead and pace. Returns (the output, the length
+    it ran)."""
+    if not method.adaptive:
+        return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
+                            **ssd_engine_options(method)), method.draft_len
+    start = time.perf_counter()
+    draft_len, costs = choose_length(tuner, method, target, draft, sampling, batch, max_new_tokens, verdict_key)
+    measure_s = time.perf_counter() - start
+    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=tuner.ssd,
+                       verdict_key=verdict_key, **ssd_engine_options(method, draft_len))
+    observed = cost_model.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
+    tuner.remember_acceptance(cost_model.acceptance_key(target, draft, method, sampling), observed)
+    if out.stats.get("judged_step_s") is not None:
+        ssd_auto.remember_step(tuner.ssd, verdict_key, draft_len, out.stats["judged_step_s"],
+                               out.stats["call_pace_tokens"], costs.spec_step(draft_len))
+    out.stats.update(observed_acceptance=observed, cost_measure_time_s=out.stats["cost_measure_time_s"] + measure_s)
+    return out, draft_len
