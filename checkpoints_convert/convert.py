@@ -19,7 +19,7 @@ from ssd_jax.errors import CheckpointError, InputError
 from ssd_jax.loading import load, read_config
 from ssd_jax.model import Model, dtype_from_name
 from ssd_jax.models.params import validate_params
-from ssd_jax.progress import Progress
+from ssd_jax.runtime.progress import Progress
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",

@@ -1,4 +1,4 @@
-"""ssd_jax.progress: the progress bar, and the notices of slow one-time work that the command line
+"""ssd_jax.runtime.progress: the progress bar, and the notices of slow one-time work that the command line
 shows on a terminal."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from ssd_jax import progress
+from ssd_jax.runtime import progress
 
 
 class Terminal(io.StringIO):

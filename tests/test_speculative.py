@@ -155,7 +155,7 @@ def test_tokenizer_check_is_remembered_until_a_tokenizer_gains_tokens(models):
 
     from tokenizers import Tokenizer, models as tok_models
 
-    from ssd_jax.pairing import check_same_tokenizer
+    from ssd_jax.runtime.pairing import check_same_tokenizer
 
     target, draft = models
     vocab = {f"a{i}": i for i in range(64)}
