@@ -1,23 +1,27 @@
 """The current figures of adaptive speculation ("auto") in one table and one plot.
 
-Reads the results files of `bench_adaptive.py` (`benchmarks/results/adaptive*.json`) and keeps,
-for every method, backend, batch size, temperature and prompt set, the newest measurement (by the
-files' `machine.date_utc`); a file whose "superseded" field says why (measured on a loop the
-library no longer runs) is left out, so is one whose "not_in_table" field says why (a second
-process's repeat of cells a fuller run measured: the table keeps the full run, so a repeat cannot
-replace a worse first try), and so is one measured with `policy_overrides` (a backend
-policy other than the shipped one, `bench_adaptive.py --policy`). Each row of the table is one method, backend, batch size and
-temperature over its prompt sets: "auto"'s speedup over AR and its ratio to the best fixed
-setting of each set (the lowest and highest over the sets), and the issue's goals checked per set:
-auto >= 1.0x AR (>= 0.95x on the badguess set) and auto >= 0.95 of the best fixed setting. A miss
-against AR is shown with a 90% interval of the median over its rounds (`median_interval`), marked
-"within noise" where that interval reaches the goal: still a miss, one the rounds cannot place.
+Keeps, for every method, backend, batch size, temperature and prompt set, the newest measurement
+(by its `machine.date_utc`) among the cells of the committed summary (STEM.json, this script's own
+output) and the results files of `bench_adaptive.py` in --results (`adaptive*.json`). The files
+behind the committed cells are in git history, not in the folder: a new run adds its file, and
+this script folds its cells into the summary. A file whose "superseded" field says why (measured
+on a loop the library no longer runs) is left out, so is one whose "not_in_table" field says why
+(a second process's repeat of cells a fuller run measured: the table keeps the full run, so a
+repeat cannot replace a worse first try), and so is one measured with `policy_overrides` (a
+backend policy other than the shipped one, `bench_adaptive.py --policy`). Each row of the table
+is one method, backend, batch size and temperature over its prompt sets: "auto"'s speedup over AR
+and its ratio to the best fixed setting of each set (the lowest and highest over the sets), and
+the goals checked per set: auto >= 1.0x AR (>= 0.95x on the badguess set) and auto >= 0.95 of
+the best fixed setting. A miss against AR is shown with a 90% interval of the median over its
+rounds (`median_interval`), marked "within noise" where that interval reaches the goal: still a
+miss, one the rounds cannot place.
 
-Writes STEM.md (the README's table), STEM.json and STEM.png (a grid of every set's two ratios,
-goal misses in red).
+Writes STEM.json (the summary's rows, with every cell) and STEM.png (a grid of every set's two
+ratios, goal misses in red); --doc puts the table in a Markdown file between its markers
+(docs/benchmarks.md).
 
     python benchmarks/adaptive_summary.py [--results benchmarks/results] [--out benchmarks/results/adaptive_summary]
-        [--readme README.md]
+        [--doc docs/benchmarks.md]
 """
 
 from __future__ import annotations
@@ -128,10 +132,24 @@ def result_paths(folder: str) -> list[str]:
                   if not os.path.basename(p).startswith("adaptive_summary"))
 
 
-def newest_cells(paths: list[str]) -> dict[tuple, dict[str, Any]]:
-    """Every cell of the files, the newest measurement of each (method, backend, batch,
-    temperature, set) winning."""
-    cells: dict[tuple, dict[str, Any]] = {}
+def committed_cells(path: str) -> dict[tuple, dict[str, Any]]:
+    """The cells of a summary this script wrote (STEM.json: summary_rows), by (method, backend,
+    batch, temperature, set); none where the file does not exist."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        rows = json.load(f)
+    try:
+        return {(row["method"], row["backend"], row["batch"], row["temperature"], name): dict(cell)
+                for row in rows for name, cell in row["sets"].items()}
+    except (KeyError, TypeError, AttributeError) as err:
+        raise SummaryError(f"{path}: not a summary of this script ({type(err).__name__}: {err})") from err
+
+
+def newest_cells(paths: list[str], start: dict[tuple, dict[str, Any]] | None = None) -> dict[tuple, dict[str, Any]]:
+    """Every cell of the files and of `start` (committed_cells), the newest measurement of each
+    (method, backend, batch, temperature, set) winning."""
+    cells: dict[tuple, dict[str, Any]] = dict(start or {})
     for path in paths:
         for key, cell in file_cells(path):
             if key not in cells or cells[key]["stamp"] < cell["stamp"]:
@@ -225,7 +243,7 @@ def _span(low: float, high: float, unit: str = "") -> str:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The README's table: one line per row of summary_rows."""
+    """The table of docs/benchmarks.md: one line per row of summary_rows."""
     lines = ["| method | machine | batch | T | sets | auto x AR | auto / best fixed | goals missed | measured |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
@@ -236,19 +254,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-README_START = "<!-- adaptive-summary:start -->"
-README_END = "<!-- adaptive-summary:end -->"
+DOC_START = "<!-- adaptive-summary:start -->"
+DOC_END = "<!-- adaptive-summary:end -->"
 
 
-def update_readme(path: str, table: str) -> None:
-    """Replaces the table between README_START and README_END in the file at path (written whole
-    or not at all)."""
+def update_doc(path: str, table: str) -> None:
+    """Replaces the table between DOC_START and DOC_END in the Markdown file at path (written
+    whole or not at all)."""
     with open(path) as f:
         text = f.read()
-    start, end = text.find(README_START), text.find(README_END)
+    start, end = text.find(DOC_START), text.find(DOC_END)
     if start < 0 or end < start:
-        raise SummaryError(f"{path}: no {README_START} ... {README_END} block to put the table in")
-    write_text(path, text[:start + len(README_START)] + "\n" + table + text[end:])
+        raise SummaryError(f"{path}: no {DOC_START} ... {DOC_END} block to put the table in")
+    write_text(path, text[:start + len(DOC_START)] + "\n" + table + text[end:])
 
 
 def plot(rows: list[dict[str, Any]], path: str) -> None:
@@ -292,21 +310,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=RESULTS_DIR, help="folder of bench_adaptive.py's adaptive*.json")
     parser.add_argument("--out", default=os.path.join(RESULTS_DIR, "adaptive_summary"), help=OUT_HELP)
-    parser.add_argument("--readme", default=None, help="also put the table in this README (between its markers)")
+    parser.add_argument("--doc", default=None, help="also put the table in this Markdown file (between its markers)")
     args = parser.parse_args()
     stem = output_stem(args.out)
-    paths = result_paths(args.results)
-    if not paths:
-        raise SystemExit(f"no adaptive*.json results in {args.results!r}")
-    rows = summary_rows(newest_cells(paths))
+    cells = newest_cells(result_paths(args.results), committed_cells(stem + ".json"))
+    if not cells:
+        raise SystemExit(f"no summary at {stem}.json and no adaptive*.json results in {args.results!r}")
+    rows = summary_rows(cells)
     table = markdown(rows)
-    write_text(stem + ".md", table)
     write_json(stem + ".json", rows)
     plot(rows, stem + ".png")
-    if args.readme:
-        update_readme(args.readme, table)
+    if args.doc:
+        update_doc(args.doc, table)
     print(table)
-    print(f"wrote {stem}.md, {stem}.json and {stem}.png")
+    print(f"wrote {stem}.json and {stem}.png")
 
 
 if __name__ == "__main__":

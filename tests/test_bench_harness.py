@@ -1,5 +1,5 @@
-"""The benchmarks' shared harness (`benchmarks/spec_harness.py`), which every speed table in the
-README comes from: paired speedups, interleaved rounds, per-configuration totals."""
+"""The benchmarks' shared harness (`benchmarks/spec_harness.py`), which every speed table in
+docs/benchmarks.md comes from: paired speedups, interleaved rounds, per-configuration totals."""
 
 from __future__ import annotations
 

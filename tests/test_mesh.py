@@ -2,8 +2,8 @@
 
 The default run covers one 2-D mesh with the issue's mesh methods, the other methods with the
 embedded pair on 2x2, the collectives of the compiled decode, SSD on disjoint sub-meshes, Mixtral's
-experts and the bad inputs (one subprocess), two processes under jax.distributed and the README's
-block; `-m slow` adds the other mesh shapes, sampling, and every method on 1x2 and 2x2."""
+experts and the bad inputs (one subprocess), two processes under jax.distributed and the sharding
+block of docs/sharding.md; `-m slow` adds the other mesh shapes, sampling, and every method on 1x2 and 2x2."""
 
 from __future__ import annotations
 
@@ -155,11 +155,11 @@ def test_two_processes_under_jax_distributed_print_the_single_process_tokens():
         assert result["other_process_mesh"].startswith("InputError") and f"process {i}" in result["other_process_mesh"]
 
 
-def test_readme_sharding_block_runs_on_eight_devices(tmp_path):
-    readme = open(os.path.join(os.path.dirname(HERE), "README.md")).read()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "ssd_jax.shard(" in b]
+def test_docs_sharding_block_runs_on_eight_devices(tmp_path):
+    doc = open(os.path.join(os.path.dirname(HERE), "docs", "sharding.md")).read()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "ssd_jax.shard(" in b]
     assert len(blocks) == 1
-    script = tmp_path / "readme_sharding.py"
+    script = tmp_path / "docs_sharding.py"
     script.write_text(blocks[0] + "\nassert out.stats['colocated'] is False and len(out.tokens) == 3\n")
     env = fake_devices_env(8)
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=900)
