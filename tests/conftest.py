@@ -21,9 +21,10 @@ if os.environ.get("SSD_JAX_TEST_XLA_DEFAULTS") != "1":
                                         "--xla_llvm_disable_expensive_passes=true",
                                         "--xla_cpu_use_fusion_emitters=false"]).strip()
 
-# "auto" decides from fixed relative costs, not timings (`ssd_jax.tuning.adaptive.timings_allowed`):
-# exactness never depends on the costs, and measuring them for every new program would add
-# minutes to the suite. The tests of the measurements turn it off (monkeypatch.delenv).
+# The default tuner is deterministic: "auto" decides from fixed relative costs, not timings
+# (`ssd_jax.Tuner(deterministic=True)`): exactness never depends on the costs, and measuring them
+# for every new program would add minutes to the suite. The tests of the measurements install a
+# measuring tuner of their own (`tuning_helpers.measuring`).
 os.environ["SSD_JAX_DETERMINISTIC_AUTO"] = "1"
 # Calibrations stay in memory (`ssd_jax.runtime.calibration_store`): a test of the measurements
 # must measure, not find a file an earlier run left in ~/.cache.
@@ -48,13 +49,13 @@ if os.environ.get("SSD_JAX_TEST_XLA_CACHE") != "0" and "JAX_COMPILATION_CACHE_DI
 
 from hf_models import FAMILY_CONFIGS, make_hf_model  # noqa: E402
 
-from ssd_jax.tuning import adaptive  # noqa: E402
+from ssd_jax.tuning import measure  # noqa: E402
 
-# The tests that measure (they unset SSD_JAX_DETERMINISTIC_AUTO) check what is measured and what
+# The tests that measure (with a measuring tuner) check what is measured and what
 # the loop decides from it, not how steady the prices are: 3 calibration rounds (their trimmed
 # mean is the median) instead of 7. The embedded target's SD program calibrated in 16 s instead
 # of 27 s under the suite's XLA flags (test_a_random_draft_falls_back_to_plain_decoding).
-adaptive._CALIBRATION_ROUNDS = 3
+measure._CALIBRATION_ROUNDS = 3
 
 _MADE: dict = {}
 
@@ -63,11 +64,10 @@ _MADE: dict = {}
 def loop_every_call(monkeypatch):
     """Every "auto" call runs its adaptive loop: a verdict that a program's calls start plainly
     (`ssd_jax.tuning.plain_verdicts`) is a memory across calls, which would make a test that
-    measures depend on how the calls before it (its own, or another test's) happened to decide.
+    measures depend on how the calls before it (its own) happened to decide.
     test_calls_whose_loop_decoded_plainly_start_plain sets the threshold it tests."""
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", float("inf"))
 
 

@@ -11,7 +11,10 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import cost_model, memory
+from ssd_jax.tuning import measure
+from ssd_jax.tuning.tuner import Tuner
+from tuning_helpers import deterministic, measuring
 from ssd_jax.loop import adaptive_loop
 from ssd_jax.loop.decoder import decode_arrays
 from ssd_jax.runtime.prompts import row_keys
@@ -166,7 +169,7 @@ def test_retrieval_auto_greedy_equals_autoregressive(models, method):
 # Costs that make every step after the first speculative one fall back to plain decoding, and
 # costs that always pay: (AR step, speculative step, draft forward, prior acceptance, forced cap).
 FALL_BACK = np.asarray([1.0, 100.0, 0.0, 0.5, 0.0], np.float32)
-ALWAYS_SPECULATE = adaptive.FORCE_SPECULATION
+ALWAYS_SPECULATE = cost_model.FORCE_SPECULATION
 # Retrieval, and a draft model at T=0 or SD's, learn their acceptance during plain steps (shadow
 # evidence, the draft scored when it catches up) and never probe: with a speculative step at 1.2
 # plain steps, their drafts pay at first (at the prior acceptance), then after misses not, then
@@ -185,7 +188,7 @@ def _decode_program(target, method, sampling, out_size: int, draft_len=2):
     """The adaptive decode, jitted: (target, draft, tokens, lengths, keys, costs, max_new) -> output,
     one compilation for every max_new up to out_size."""
     single = getattr(method, "paths", None) == 1
-    plan = adaptive.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None,
+    plan = cost_model.AutoPlan(draft_len=draft_len, threshold=method.early_stop(sampling.greedy) if single else None,
                              capped=single or method.name in ("pld", "csd"))
     return jax.jit(lambda t, d, tok, lens, k, c, max_new: decode_arrays(
         t, d, tok, lens, k, max_new, method=method, sampling=sampling,
@@ -314,7 +317,7 @@ def test_gpu_loop_runs_no_idle_steps_at_the_end_of_a_call(models, rows, monkeypa
     decode = _decode_program(target, ssd_jax.SD(draft_len="auto"), SamplingParams(), out_size=32, draft_len=3)
     for max_new in (29, 30, 31, 32):
         ar = ssd_jax.generate(target, prompts, max_new_tokens=max_new)
-        out = decode(target, draft, *_padded(prompts), row_keys(None, rows), adaptive.force_cap(3), np.int32(max_new))
+        out = decode(target, draft, *_padded(prompts), row_keys(None, rows), cost_model.force_cap(3), np.int32(max_new))
         assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
         counters = jax.device_get(out.counters["spec"])
         assert counters.ar_steps.max() == 0
@@ -384,13 +387,13 @@ def _assert_target_law(target, prompt, sampling, tokens) -> None:
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), CHEAP, 2),
-    (ssd_jax.PLD(draft_len="auto", max_ngram=2), adaptive.force_cap(2), 4),
+    (ssd_jax.PLD(draft_len="auto", max_ngram=2), cost_model.force_cap(2), 4),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), CHEAP, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), DRAFT_THEN_PLAIN, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.0, 0.1, 0.9, 0.0], np.float32), 2),
-    (ssd_jax.SpecInfer(draft_len="auto", paths=1), adaptive.force_cap(2), 4),
-    (ssd_jax.SpecTr(draft_len="auto", paths=1), adaptive.force_cap(1), 4),
-    (ssd_jax.GBV(draft_len="auto", paths=1), adaptive.force_cap(2), 4),
+    (ssd_jax.SpecInfer(draft_len="auto", paths=1), cost_model.force_cap(2), 4),
+    (ssd_jax.SpecTr(draft_len="auto", paths=1), cost_model.force_cap(1), 4),
+    (ssd_jax.GBV(draft_len="auto", paths=1), cost_model.force_cap(2), 4),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
         "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain",
@@ -457,7 +460,7 @@ def test_sampled_law_when_decoded_in_pieces(tiny_models, method, costs):
     prompt = [0, 2, 1, 0, 2]
     tokens, lengths = _padded([prompt] * SAMPLES)
     keys = jax.random.split(jax.random.PRNGKey(5), SAMPLES)
-    plan = adaptive.AutoPlan(draft_len=2, threshold=None, capped=True)
+    plan = cost_model.AutoPlan(draft_len=2, threshold=None, capped=True)
     options = dict(method=method, sampling=sampling, eos_ids=(), out_size=NEW + 8, plan=plan)
     begin = jax.jit(lambda t, d, c: begin_arrays(t, d, tokens, lengths, keys, np.int32(NEW), costs=c, **options))
     resume = jax.jit(lambda t, d, c, state, piece: resume_arrays(t, d, tokens, lengths, keys, np.int32(NEW), state,
@@ -514,7 +517,7 @@ def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
     cost about one plain step, and speculating at one token then rightly never loses, so the rule
     may keep it). A static maximum of 2 compiles and calibrates caps 1 and 2 only: a draft whose
     tokens are never accepted loses at every cap."""
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    measuring(monkeypatch)
     target, _ = ssd_jax.default_models()
     stranger = llama(target.config.vocab_size, 64, 2, seed=42, eos=())
     prompt = target.tokenizer.encode("def parse(line):\n    ").ids
@@ -523,19 +526,18 @@ def test_a_random_draft_falls_back_to_plain_decoding(monkeypatch):
                            draft=stranger)
     assert out.tokens == ar.tokens
     assert out.stats["ar_fallback_share"] > 0.5
-    assert out.stats["loop_costs"][:3] != adaptive.UNMEASURED.loop_array(9).tolist()  # measured
+    assert out.stats["loop_costs"][:3] != cost_model.UNMEASURED.loop_array(9).tolist()  # measured
 
 
 def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     """A call whose loop decoded at least PLAIN_SHARE of its steps plainly makes the next calls of
     the program run AR's loop from the start, all but a probe every PROBE_EVERY calls (doubling
     while probes decode plainly again, up to PROBE_EVERY_MAX); a probe whose loop speculated ends
-    it. The tokens are AR's every time; SSD_JAX_DETERMINISTIC_AUTO=1 remembers nothing."""
+    it. The tokens are AR's every time; a deterministic tuner remembers nothing."""
     from ssd_jax.tuning import against_ar
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    measuring(monkeypatch)
     monkeypatch.setattr(plain_verdicts, "PROBE_EVERY", 3)
     monkeypatch.setattr(plain_verdicts, "PROBE_EVERY_MAX", 6)
     # Whether a loop counts as plain is set here, not by the tiny pair's speed: every call's (share >= 0),
@@ -566,7 +568,7 @@ def test_calls_whose_loop_decoded_plainly_start_plain(models, monkeypatch):
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)   # from now on, every loop speculates
     assert [starts_plain() for _ in range(8)] == [True] * 5 + [False, False, False]
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 0.0)
-    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
+    deterministic(monkeypatch)
     assert [starts_plain() for _ in range(3)] == [False] * 3
 
 
@@ -575,10 +577,9 @@ def test_a_call_of_the_prefill_alone_leaves_the_verdict_alone(models, monkeypatc
     says nothing: recorded, it ended a plain verdict of the calls of its output bucket."""
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    measuring(monkeypatch)
     recorded = []
-    monkeypatch.setattr(plain_verdicts, "remember_share", lambda key, share, lost=False: recorded.append(share))
+    monkeypatch.setattr(plain_verdicts, "remember_share", lambda tuner, key, share, lost=False: recorded.append(share))
     target, draft = models
     for max_new in (1, 6):
         ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=max_new,
@@ -594,8 +595,7 @@ def test_calls_that_lose_to_ar_s_program_start_plain(models, monkeypatch):
     from ssd_jax.tuning import against_ar
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    measuring(monkeypatch)
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)   # the share alone never makes a verdict
     target, draft = models
     prompts = [[3, 4, 5, 3, 4], [7]]
@@ -628,17 +628,15 @@ def _ar_ratio_calls(models, monkeypatch, calls: int = 2):
     from ssd_jax.tuning import against_ar
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
+    measuring(monkeypatch)
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)
     monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
     monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)
     monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)   # measured, never a verdict
-    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
     target, draft = models
     ratios, measured = [], []
-    measure = against_ar.ar_step_ratio
-    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(measure(*args)) or measured[-1])
+    ratio_of = against_ar.ar_step_ratio
+    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(ratio_of(*args)) or measured[-1])
     for _ in range(calls):
         out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=40, method=ssd_jax.PLD(draft_len="auto"))
         assert not out.stats.get("plain_from_start"), out.stats
@@ -699,16 +697,12 @@ def test_a_call_of_few_tokens_calibrates_with_the_program_s_output_width(models,
     token timed only noise: on the tiny pair it priced the speculative step at a quarter of its
     cost, and the calls after it decided with that)."""
     from ssd_jax.tuning import against_ar
-    from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    measuring(monkeypatch)
     monkeypatch.setenv("SSD_JAX_CALIBRATION_DIR", "")
-    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
     monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)     # every call checked
     monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)   # measured, never a verdict
     monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
-    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
     timed = {"loop": set(), "ar": set()}
 
     def recording(module, name):
@@ -720,7 +714,7 @@ def test_a_call_of_few_tokens_calibrates_with_the_program_s_output_width(models,
 
         monkeypatch.setattr(module, "timed_run", timed_run)
 
-    recording(adaptive, "loop")
+    recording(measure, "loop")
     recording(against_ar, "ar")
     target, _ = models
     out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=2, method=ssd_jax.PLD(draft_len="auto"))
@@ -758,30 +752,28 @@ def test_each_program_is_calibrated_on_its_own(models, monkeypatch):
     measured anew, while a repeated shape reuses the calibration."""
     from ssd_jax.tuning import against_ar
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
-    monkeypatch.setattr(adaptive, "ACCEPTANCE", adaptive.AcceptanceMemory())
+    tuner = measuring(monkeypatch)
     monkeypatch.setattr(against_ar, "GAIN_CHECK", float("inf"))   # no verdict makes a call start plain
     target, _ = models
     method = ssd_jax.PLD(draft_len="auto")
     short, long = [[3, 4, 5, 3, 4]], [[3 + i % 50 for i in range(60)]]
     first = ssd_jax.generate(target, short, max_new_tokens=16, method=method)
     again = ssd_jax.generate(target, short, max_new_tokens=16, method=method)
-    assert len(adaptive._CALIBRATION) == 1 and again.stats["loop_costs"][:3] == first.stats["loop_costs"][:3]
+    assert len(tuner.calibrations) == 1 and again.stats["loop_costs"][:3] == first.stats["loop_costs"][:3]
     assert again.stats["cost_measure_time_s"] < first.stats["cost_measure_time_s"]   # calibration counted
     ssd_jax.generate(target, long, max_new_tokens=16, method=method)
-    assert len(adaptive._CALIBRATION) == 2
+    assert len(tuner.calibrations) == 2
 
 
 def test_deterministic_auto_decides_without_timings(models, monkeypatch):
-    """SSD_JAX_DETERMINISTIC_AUTO=1: the loop's costs are the fixed UNMEASURED ones and a sampled
+    """A deterministic tuner: the loop's costs are the fixed UNMEASURED ones and a sampled
     call gives the same tokens every time."""
-    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
+    deterministic(monkeypatch)
     target, draft = models
     calls = [ssd_jax.generate(target, [[3, 4, 5], [6]], max_new_tokens=24, method=ssd_jax.SD(), draft=draft,
                               temperature=1.0, key=jax.random.PRNGKey(5)) for _ in range(3)]
     assert calls[0].tokens == calls[1].tokens == calls[2].tokens
-    expected = adaptive.UNMEASURED.loop_array(calls[0].stats["planned_draft_len"] + 1)
+    expected = cost_model.UNMEASURED.loop_array(calls[0].stats["planned_draft_len"] + 1)
     np.testing.assert_allclose(calls[0].stats["loop_costs"][:3], expected, rtol=1e-6)
 
 
@@ -796,7 +788,7 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from
     target, draft = models
     prompts = [[3, 4, 5, 6], [9, 2]]
     ar = ssd_jax.generate(target, prompts, max_new_tokens=30)
-    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto", threshold=1e-6), adaptive.force_cap(2),
+    out = _decode(target, draft, prompts, ssd_jax.SD(draft_len="auto", threshold=1e-6), cost_model.force_cap(2),
                   SamplingParams(), row_keys(None, 2), 30, draft_len=6)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
@@ -813,7 +805,7 @@ def test_no_draft_longer_than_the_tokens_a_row_can_keep(models, rows):
     (at the plan's costs SD drafted 8 tokens for a row's last token, a step ~2x a plain one)."""
     target, draft = models
     prompts = [[3, 4, 5, 6], [9, 2]][:rows]
-    costs = adaptive.loop_inputs(adaptive.UNMEASURED, adaptive.PRIOR_ACCEPTANCE, 9, 8)
+    costs = cost_model.loop_inputs(cost_model.UNMEASURED, cost_model.PRIOR_ACCEPTANCE, 9, 8)
     decode = _decode_program(target, ssd_jax.SD(draft_len="auto"), SamplingParams(), out_size=3, draft_len=8)
     for max_new, most in ((2, 0), (3, 1)):
         ar = ssd_jax.generate(target, prompts, max_new_tokens=max_new)
@@ -1019,18 +1011,18 @@ def test_measured_cap_costs_steer_the_cap(models):
 def test_measured_cap_prices_are_fitted_nondecreasing():
     """A longer cap priced below a shorter one is pooled with it (their mean, least squares);
     unmeasured caps stay 0 and prices already in order are kept as measured."""
-    fitted = adaptive.nondecreasing([2.0, 2.66, 0.0, 2.52, 0.0, 0.0, 0.0, 2.56])
+    fitted = cost_model.nondecreasing([2.0, 2.66, 0.0, 2.52, 0.0, 0.0, 0.0, 2.56])
     np.testing.assert_allclose(fitted, [2.0, 2.58, 0, 2.58, 0, 0, 0, 2.58], rtol=1e-6)
-    np.testing.assert_allclose(adaptive.nondecreasing([3.0, 1.0, 2.0, 5.0]), [2.0, 2.0, 2.0, 5.0], rtol=1e-6)
+    np.testing.assert_allclose(cost_model.nondecreasing([3.0, 1.0, 2.0, 5.0]), [2.0, 2.0, 2.0, 5.0], rtol=1e-6)
     in_order = [1.2, 1.25, 0.0, 1.35, 0.0, 0.0, 0.0, 40.0]
-    np.testing.assert_array_equal(adaptive.nondecreasing(in_order), np.float32(in_order))
-    np.testing.assert_array_equal(adaptive.nondecreasing(np.zeros(4)), np.zeros(4))
+    np.testing.assert_array_equal(cost_model.nondecreasing(in_order), np.float32(in_order))
+    np.testing.assert_array_equal(cost_model.nondecreasing(np.zeros(4)), np.zeros(4))
 
 
 def test_calibration_rounds_are_pooled_by_a_trimmed_mean():
     """One round's outlier (the machine slowed during it) is dropped, not averaged in."""
-    assert adaptive.trimmed_mean([2.0, 2.2, 9.0, 2.1, 0.1]) == pytest.approx(2.1)
-    assert adaptive.trimmed_mean([3.0, 1.0]) == pytest.approx(2.0)
+    assert cost_model.trimmed_mean([2.0, 2.2, 9.0, 2.1, 0.1]) == pytest.approx(2.1)
+    assert cost_model.trimmed_mean([3.0, 1.0]) == pytest.approx(2.0)
 
 
 def test_tokens_per_step_model_matches_enumeration():
@@ -1075,22 +1067,24 @@ def test_early_stop_defaults_to_greedy_only():
 
 
 def test_cost_model_choices(monkeypatch):
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
-    cheap = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.01, draft=0.02)
-    assert adaptive.choose_draft_len(cheap, 0.9, 8) > adaptive.choose_draft_len(cheap, 0.4, 8)
-    assert adaptive.predicted_speedup(cheap, 0.0, 1) < 1 < adaptive.predicted_speedup(cheap, 0.8, 4)
-    assert adaptive.acceptance_of(0, 0) is None and adaptive.acceptance_of(3, 1) == 0.75
-    memory = adaptive.AcceptanceMemory()
-    assert memory.get("k") == adaptive.PRIOR_ACCEPTANCE
-    memory.update("k", 0.2)
-    memory.update("k", 0.6)
-    assert memory.get("k") == pytest.approx(0.4)
-    monkeypatch.setenv(adaptive.DETERMINISTIC_ENV, "1")
-    assert memory.get("k") == adaptive.PRIOR_ACCEPTANCE   # a deterministic call ignores the past
+    cheap = cost_model.StepCosts(target_fixed=1.0, target_per_token=0.01, draft=0.02)
+    assert cost_model.choose_draft_len(cheap, 0.9, 8) > cost_model.choose_draft_len(cheap, 0.4, 8)
+    assert cost_model.predicted_speedup(cheap, 0.0, 1) < 1 < cost_model.predicted_speedup(cheap, 0.8, 4)
+    assert cost_model.acceptance_of(0, 0) is None and cost_model.acceptance_of(3, 1) == 0.75
+    for tuner in (Tuner(), Tuner(deterministic=True)):
+        assert tuner.acceptance_for("k") == cost_model.PRIOR_ACCEPTANCE
+        tuner.remember_acceptance("k", 0.2)
+        tuner.remember_acceptance("k", 0.6)
+    assert tuner.acceptance_for("k") == cost_model.PRIOR_ACCEPTANCE   # a deterministic call ignores the past
+    assert Tuner().acceptance_for("k") == cost_model.PRIOR_ACCEPTANCE   # a tuner sees only its own memory
+    remembering = Tuner()
+    remembering.remember_acceptance("k", 0.2)
+    remembering.remember_acceptance("k", 0.6)
+    assert remembering.acceptance_for("k") == pytest.approx(0.4)
 
 
 def test_decayed_means_weigh_recent_values_and_may_start_as_a_plain_mean():
-    decayed, running = adaptive.DecayedMeans(0.25), adaptive.DecayedMeans(0.25, running_start=True)
+    decayed, running = memory.DecayedMeans(0.25), memory.DecayedMeans(0.25, running_start=True)
     for value in (4.0, 0.0, 0.0, 0.0, 8.0):
         decayed.add("k", value)
         running.add("k", value)
@@ -1136,7 +1130,7 @@ def test_auto_inside_a_users_jit_equals_autoregressive(models):
 
 
 def test_remembered_values_are_bounded_and_tied_to_living_weights():
-    recent = adaptive.Recent(limit=2)
+    recent = memory.Recent(limit=2)
     for i in range(3):
         recent.store(i, i)
     assert list(recent) == [1, 2] and recent.lookup(0, "gone") == "gone"
@@ -1145,9 +1139,9 @@ def test_remembered_values_are_bounded_and_tied_to_living_weights():
     assert list(recent) == [1, 3]
 
     a, b = {"w": jax.numpy.ones(2)}, {"w": jax.numpy.zeros(2)}
-    assert adaptive.ParamsIdentity(a, b) == adaptive.ParamsIdentity(a, b)
-    assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity(b, a)
-    assert adaptive.ParamsIdentity(a, b) != adaptive.ParamsIdentity({"w": jax.numpy.ones(2)}, b)
+    assert memory.ParamsIdentity(a, b) == memory.ParamsIdentity(a, b)
+    assert memory.ParamsIdentity(a, b) != memory.ParamsIdentity(b, a)
+    assert memory.ParamsIdentity(a, b) != memory.ParamsIdentity({"w": jax.numpy.ones(2)}, b)
 
 
 def test_target_cache_leaves_out_the_drafts_lag(models):
@@ -1158,14 +1152,14 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
     from ssd_jax.loop.skeleton import target_capacity
 
     target, draft = models
-    plan = adaptive.AutoPlan(draft_len=8, threshold=0.5, capped=True)
+    plan = cost_model.AutoPlan(draft_len=8, threshold=0.5, capped=True)
     parts = make_parts(ssd_jax.SD(draft_len="auto"), target, draft, SamplingParams(), 64, 128, plan=plan)
     assert parts.capacity >= 64 + 128 + parts.room + 24
     assert target_capacity(parts, 64, 128) == 64 + 128
     for method in (ssd_jax.PLD(draft_len="auto"), ssd_jax.CSD(max_draft_tokens="auto")):
         parts = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=plan)
         assert target_capacity(parts, 64, 128) == 64 + 128
-    tree_plan = adaptive.AutoPlan(draft_len=8, threshold=None, capped=False)
+    tree_plan = cost_model.AutoPlan(draft_len=8, threshold=None, capped=False)
     for method in (ssd_jax.LogitSpec(draft_len=8, tree_size=16), ssd_jax.SpecInfer(draft_len=4, paths=2)):
         fixed = make_parts(method, target, draft, SamplingParams(), 64, 128)
         assert target_capacity(fixed, 64, 128) == 64 + 128 + fixed.room + 2

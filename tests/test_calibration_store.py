@@ -16,7 +16,10 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import cost_model, measure
+from ssd_jax.tuning import tuner as tuner_module
+from ssd_jax.tuning.tuner import Tuner
+from tuning_helpers import measuring
 from ssd_jax.tuning import against_ar
 from ssd_jax.runtime import calibration_store
 from spec_models import pair
@@ -29,7 +32,7 @@ ROOT = os.path.dirname(TESTS)
 SCRIPT = """
 import json
 import ssd_jax
-from ssd_jax.tuning import adaptive
+from ssd_jax.tuning import measure
 from spec_models import pair
 
 from ssd_jax.tuning import against_ar
@@ -39,20 +42,20 @@ from ssd_jax.runtime import calibration_store
 # on a loaded machine a first process can measure it implausible and keep nothing).
 against_ar.GAIN_CHECK = float("inf")
 measured, saved = [], []
-calibrate, save = adaptive._calibrate, calibration_store.save
-adaptive._calibrate = lambda *args, **kwargs: measured.append(1) or calibrate(*args, **kwargs)
+calibrate, save = measure._calibrate, calibration_store.save
+measure._calibrate = lambda *args, **kwargs: measured.append(1) or calibrate(*args, **kwargs)
 calibration_store.save = lambda path, values: saved.append(path) or save(path, values)
 target, _ = pair(vocab=64, seed=0, noise=0.3)
 out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
 print(json.dumps(dict(costs=out.stats["loop_costs"][:3], calibrations=len(measured), saved=len(saved),
-                      forward=[adaptive.forward_seconds(target, 1, w, 5) for w in (1, 9)])))
+                      forward=[measure.forward_seconds(ssd_jax.default_tuner(), target, 1, w, 5) for w in (1, 9)])))
 """
 
 
 def _call(directory, xla_cache) -> dict:
     """The script in a new process, calibrations kept in `directory`, with JAX's persistent
     compilation cache in `xla_cache` (every program of the second call is read back from it)."""
-    env = {k: v for k, v in os.environ.items() if k != adaptive.DETERMINISTIC_ENV}
+    env = {k: v for k, v in os.environ.items() if k != tuner_module.DETERMINISTIC_ENV}
     env.update({calibration_store.DIR_ENV: str(directory), "PYTHONPATH": os.pathsep.join([TESTS, ROOT]),
                 "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(xla_cache),
                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
@@ -99,24 +102,22 @@ def test_the_entry_name_ignores_debug_information_only():
 @pytest.fixture
 def timed(monkeypatch, tmp_path):
     """Measured costs, a fresh in-process memory and a calibration directory of the test's own."""
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    tuner = measuring(monkeypatch)
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
-    monkeypatch.setattr(adaptive, "_SECONDS", adaptive.Recent())
-    monkeypatch.setattr(adaptive, "_COSTS", adaptive.Recent())
     # No verdict against AR's program makes a later call start plain (it would not calibrate).
     monkeypatch.setattr(against_ar, "GAIN_CHECK", float("inf"))
     calls = []
-    calibrate = adaptive._calibrate
-    monkeypatch.setattr(adaptive, "_calibrate", lambda *a, **k: calls.append(1) or calibrate(*a, **k))
+    calibrate = measure._calibrate
+    monkeypatch.setattr(measure, "_calibrate", lambda *a, **k: calls.append(1) or calibrate(*a, **k))
     target, _ = pair(vocab=64, seed=0, noise=0.3)
 
     def call():
-        for memory in (adaptive._CALIBRATION, adaptive._SECONDS, adaptive._COSTS):   # as in a new process
-            memory.clear()
+        for table in (tuner.calibrations, tuner.forward_seconds, tuner.step_costs):   # as in a new process
+            table.clear()
         out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"))
         return out.stats["loop_costs"][:3]
 
+    call.tuner = tuner
     return call, calls
 
 
@@ -152,7 +153,7 @@ def test_an_unwritable_directory_warns_and_keeps_the_calibration_in_memory(timed
     monkeypatch.setenv(calibration_store.DIR_ENV, str(blocker / "calibration"))
     with pytest.warns(UserWarning, match="kept in memory only"):
         call()
-    assert len(calls) == 1 and len(adaptive._CALIBRATION) == 1
+    assert len(calls) == 1 and len(call.tuner.calibrations) == 1
 
 
 def test_an_empty_directory_setting_keeps_nothing_on_disk(monkeypatch):
@@ -172,20 +173,19 @@ def test_a_later_process_reads_ar_s_step_ratio(monkeypatch, tmp_path):
     building and timing AR's program, and gets the same ratio."""
     from ssd_jax.tuning import plain_verdicts
 
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    tuner = measuring(monkeypatch)
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(plain_verdicts, "LOOP_VERDICTS", plain_verdicts.PlainVerdicts())
     monkeypatch.setattr(plain_verdicts, "PLAIN_SHARE", 1.01)
     monkeypatch.setattr(against_ar, "GAIN_CHECK", 0.0)      # every call checked
     monkeypatch.setattr(against_ar, "GAIN_MARGIN", -1.0)    # measured, never a verdict
     monkeypatch.setattr(against_ar, "PLAUSIBLE_RATIO", (0.0, float("inf")))
     measured = []
-    measure = against_ar.ar_step_ratio
-    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(1) or measure(*args))
+    ratio_of = against_ar.ar_step_ratio
+    monkeypatch.setattr(against_ar, "ar_step_ratio", lambda *args: measured.append(1) or ratio_of(*args))
     target, _ = pair(vocab=64, seed=0, noise=0.3)
     ratios = []
     for _ in range(2):
-        monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())   # as in a new process
+        tuner.ar_ratios.clear()   # as in a new process
         out = ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=40, method=ssd_jax.PLD(draft_len="auto"))
         ratios.append(out.stats["ar_step_over_loop_plain"])
     kept = [path for path in tmp_path.iterdir() if path.name.startswith(against_ar.STORE_KIND + "-")]
@@ -224,18 +224,17 @@ def test_a_kept_calibration_without_a_plain_or_speculative_step_is_measured_agai
     """A loop's calibration on disk whose AR or speculative step is 0 (measured ones are at least
     1e-9 s; at 0 the loop never finds speculation paying) counts as absent: measured again and
     replaced."""
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    tuner = measuring(monkeypatch)
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
-    monkeypatch.setattr(adaptive, "_CALIBRATION", adaptive.Recent())
     measured = (2e-3, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0)
-    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: measured)
-    planned = adaptive.loop_inputs(adaptive.UNMEASURED, 0.7, verify_width=5, draft_len=4)
+    monkeypatch.setattr(measure, "_calibrate", lambda *args, **kwargs: measured)
+    planned = cost_model.loop_inputs(cost_model.UNMEASURED, 0.7, verify_width=5, draft_len=4)
     key = _key("a loop")
-    path = calibration_store.path_for(None, key=key)
+    path = calibration_store.path_for(None, key=key, store=tuner.store_dir())
     for damaged in ((0.0, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0), (2e-3, 0.0, 5e-4, 0.0, 0.0, 0.0, 0.0)):
         calibration_store.save(path, damaged)
-        adaptive._CALIBRATION.clear()   # as in a new process
-        inputs = adaptive.calibrated_inputs(None, (), key, adaptive.UNMEASURED, planned)
+        tuner.calibrations.clear()   # as in a new process
+        inputs = measure.calibrated_inputs(tuner, None, (), key, cost_model.UNMEASURED, planned)
         assert inputs[:3].tolist() == pytest.approx(measured[:3])
         assert calibration_store.load(path) == measured
 
@@ -245,12 +244,13 @@ def test_an_implausible_kept_ar_step_ratio_is_measured_again(monkeypatch, tmp_pa
     counts as absent (measured again, and replaced by a plausible measurement), instead of
     leaving the program without a verdict against AR's program on this machine for good."""
     monkeypatch.setenv(calibration_store.DIR_ENV, str(tmp_path))
+    tuner = Tuner()
     key = _key("a loop")
-    path = calibration_store.path_for(None, against_ar.STORE_KIND, key)
+    path = calibration_store.path_for(None, against_ar.STORE_KIND, key, store=tuner.store_dir())
     for ratio, found in ((100.0, (False, None)), (0.0, (False, None)), (1.1, (True, 1.1))):
-        monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())   # as in a new process
+        tuner.reset()   # as in a new process
         calibration_store.save(path, (ratio,))
-        assert against_ar.stored_ratio(None, key) == found
+        assert against_ar.stored_ratio(tuner, None, key) == found
 
 
 def _at_once(measure) -> list:
@@ -274,11 +274,8 @@ def test_threads_measure_a_program_once_and_one_at_a_time(monkeypatch, what):
     """Two threads' first calls of a program (a server warming up): the loop's calibration, a
     per-forward timing and AR's step ratio are each measured once, and never two at once (each
     would time the other's runs too), the waiting thread taking the other's measurement."""
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    tuner = measuring(monkeypatch)
     monkeypatch.setenv(calibration_store.DIR_ENV, "")
-    for memory in ("_CALIBRATION", "_SECONDS"):
-        monkeypatch.setattr(adaptive, memory, adaptive.Recent())
-    monkeypatch.setattr(against_ar, "_AR_RATIO", adaptive.Recent())
     spans = []
 
     def slowly(value):
@@ -288,8 +285,8 @@ def test_threads_measure_a_program_once_and_one_at_a_time(monkeypatch, what):
         return value
 
     measured = (2e-3, 3e-3, 5e-4, 0.0, 0.0, 0.0, 0.0)
-    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: slowly(measured))
-    monkeypatch.setattr(adaptive, "_loop_seconds", lambda *args: slowly(1e-3))
+    monkeypatch.setattr(measure, "_calibrate", lambda *args, **kwargs: slowly(measured))
+    monkeypatch.setattr(measure, "_loop_seconds", lambda *args: slowly(1e-3))
 
     def timed_run(executable, args, max_new, forced=None):   # AR's program's step 1.25x the loop's
         if forced is None and max_new == 1:   # AR's short run: one per measurement
@@ -304,13 +301,14 @@ def test_threads_measure_a_program_once_and_one_at_a_time(monkeypatch, what):
         return run
 
     monkeypatch.setattr(against_ar, "timed_run", timed_run)
-    planned = adaptive.loop_inputs(adaptive.UNMEASURED, 0.7, verify_width=5, draft_len=4)
+    planned = cost_model.loop_inputs(cost_model.UNMEASURED, 0.7, verify_width=5, draft_len=4)
     key = _key("a loop")
     target, _ = pair(vocab=64, seed=0, noise=0.3, layers=1)
-    measure = dict(calibration=lambda: tuple(adaptive.calibrated_inputs(None, (), key, adaptive.UNMEASURED, planned)),
-                   forward=lambda: adaptive.forward_seconds(target, 1, 1, 5),
-                   **{"ar-ratio": lambda: against_ar.ar_step_ratio(None, (), None, (), key)})[what]
-    first, second = _at_once(measure)
+    once = dict(calibration=lambda: tuple(measure.calibrated_inputs(tuner, None, (), key, cost_model.UNMEASURED,
+                                                                    planned)),
+                forward=lambda: measure.forward_seconds(tuner, target, 1, 1, 5),
+                **{"ar-ratio": lambda: against_ar.ar_step_ratio(tuner, None, (), None, (), key)})[what]
+    first, second = _at_once(once)
     assert first == second and len(spans) == 1
     if what == "ar-ratio":
         assert first == pytest.approx(1.25)
@@ -321,16 +319,15 @@ def test_models_sharded_by_other_rules_are_timed_apart(monkeypatch):
     split over "model" and the same model replicated run other programs (4 CPU devices, the tiny
     target at batch 8: 0.70 ms against 1.24 ms a forward of 9 tokens), which the process took for
     one, reading the first one's timing for the second."""
-    monkeypatch.delenv(adaptive.DETERMINISTIC_ENV, raising=False)
+    tuner = measuring(monkeypatch)
     monkeypatch.setenv(calibration_store.DIR_ENV, "")
-    monkeypatch.setattr(adaptive, "_SECONDS", adaptive.Recent())
     timed = []
-    monkeypatch.setattr(adaptive, "_loop_seconds", lambda params, *args: timed.append(1) or float(len(timed)))
+    monkeypatch.setattr(measure, "_loop_seconds", lambda store, params, *args: timed.append(1) or float(len(timed)))
     target, _ = pair(vocab=64, seed=0, noise=0.3, layers=1)
     mesh = jax.make_mesh((1, 1), ("data", "model"))
     split = ssd_jax.shard(target, mesh)
     replicated = ssd_jax.shard(target, mesh, rules={"heads": None, "kv_heads": None, "mlp": None, "vocab": None})
-    assert [adaptive.forward_seconds(model, 8, 9, 64) for model in (split, replicated, split)] == [1.0, 2.0, 1.0]
+    assert [measure.forward_seconds(tuner, model, 8, 9, 64) for model in (split, replicated, split)] == [1.0, 2.0, 1.0]
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no CPU affinity on this platform")

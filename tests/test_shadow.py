@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ssd_jax
-from ssd_jax.tuning.adaptive import AutoPlan
+from ssd_jax.tuning.cost_model import AutoPlan
 from ssd_jax.loop.decoder import make_parts
 from ssd_jax.loop.shadow import chain_counts, matched_depth, shadow_counts
 from ssd_jax.models.kv_cache import commit, init_cache

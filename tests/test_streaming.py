@@ -106,7 +106,7 @@ def test_streamed_programs_hold_no_host_callback(models):
 
 
 def test_untimed_pieces_double_to_a_fixed_size(models):
-    """Under SSD_JAX_DETERMINISTIC_AUTO=1 (the suite's) the first piece is FIRST_PIECE tokens past
+    """With the suite's deterministic tuner the first piece is FIRST_PIECE tokens past
     the first token, then they double up to FIXED_LAST_PIECE, whatever they take."""
     target, _ = models
     out, sink = _streamed(target, None, ssd_jax.AR(), 0.0, new=100)
@@ -142,10 +142,9 @@ class FakeDecode:
 def test_timed_pieces_double_while_they_are_quick(monkeypatch, seconds, growing):
     """With timings allowed, a piece doubles the next one while it took under PIECE_SECONDS, and
     past FIXED_LAST_PIECE; a slow piece keeps its size. The sink gets every token once."""
-    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
     monkeypatch.setattr(streaming, "PIECE_SECONDS", 0.01)
     fake, sink = FakeDecode(200, seconds), Collector(1)
-    _, wall = streaming.stream_pieces(fake.begin, fake.resume, sink)
+    _, wall = streaming.stream_pieces(fake.begin, fake.resume, sink, timed=True)
     first = streaming.FIRST_PIECE
     if growing:
         assert fake.pieces[:6] == [first * 2 ** i for i in range(6)] and max(fake.pieces) > streaming.FIXED_LAST_PIECE

@@ -74,3 +74,8 @@ class ParamsCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+
+
+# Copies of unsharded models' params placed on a group of devices (SSD's device groups), per
+# params object and device ids.
+REPLICAS = ParamsCache(4)

@@ -51,7 +51,8 @@ from ssd_jax.ssd import steps as steps
 from ssd_jax.runtime.output import GenerateOutput, generate_output
 from ssd_jax.runtime.prompts import PromptBatch, bucket, row_keys
 from ssd_jax.ssd.placement import DeviceGroup, placed_model, resolve_groups
-from ssd_jax.ssd.programs import Programs, placed_params
+from ssd_jax.runtime.loop_params import placed_params
+from ssd_jax.ssd.programs import Programs
 from ssd_jax.ssd.stats import SSDTally, Stopwatch
 from ssd_jax.runtime.streaming import StreamSink
 from ssd_jax.model import Model

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from ssd_jax.runtime.params_cache import ParamsCache
+from ssd_jax.runtime.params_cache import REPLICAS
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
@@ -68,16 +68,13 @@ def group_placement(devices: tuple) -> Placement:
     return Placement.create(Mesh(np.array(devices, dtype=object).reshape(len(devices), 1), ("data", "model")))
 
 
-_REPLICAS = ParamsCache(4)
-
-
 def placed_model(model: Model, devices: tuple) -> Model:
     """An unsharded model replicated on a group's devices (a sharded model is returned as it is);
     the copy is kept per (params object, devices), weakly, for the next call."""
     if model.placement is not None:
         return model
     ids = tuple(d.id for d in devices)
-    replica = _REPLICAS.get(model.params, ids, lambda: shard(model, group_placement(devices).mesh))[0]
+    replica = REPLICAS.get(model.params, ids, lambda: shard(model, group_placement(devices).mesh))[0]
     # Only the arrays are reused: config (EOS ids, ...) and tokenizer come from this call's model.
     return dataclasses.replace(model, params=replica.params, placement=replica.placement)
 

@@ -1,31 +1,15 @@
-"""The runtime pieces of the SSD host loop: the models' params placed on their device groups
-(cached weakly across calls), and the device programs compiled once per static key and laid out so that
+"""The device programs of the SSD host loop, compiled once per static key and laid out so that
 each program's outputs fit the next call's inputs."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import jax
 
 from ssd_jax.runtime import program_store
 from ssd_jax.runtime.compile_cache import PROGRAMS, signature
-from ssd_jax.runtime.loop_params import loop_params
-from ssd_jax.runtime.params_cache import ParamsCache
 from ssd_jax.ssd.placement import DeviceGroup
-from ssd_jax.model import Model
-
-_PLACED = ParamsCache(4)
-
-
-def placed_params(model: Model):
-    """A placed model's params in the decode layout (`loop_params`), kept per params object so
-    repeated calls skip the work. Returns (params, seconds spent)."""
-    start = time.perf_counter()
-    params, made = _PLACED.get(model.params, None, lambda: jax.block_until_ready(loop_params(model)))
-    return params, (time.perf_counter() - start) if made else 0.0
-
 
 class Programs:
     """Compiles each device program on first use and accumulates the compile seconds, which the
