@@ -16,7 +16,8 @@ FINISH_NAMES = {FINISH_RUNNING: "running", FINISH_EOS: "eos", FINISH_LENGTH: "le
 @dataclasses.dataclass
 class GenerateOutput:
     """tokens: per row, the generated ids (prompt excluded; the EOS token, if any, is the last);
-    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (see README)."""
+    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (see
+    docs/internals.md#outputs-and-stats)."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]
