@@ -1,7 +1,7 @@
 """The embedded default models shipped inside the package (trained by
-`python -m ssd_jax.train.default_pair`; see README "Embedded models"): the target and two drafts
-distilled from it, `draft_small` (one layer; the default, chosen by `benchmarks/bench_default_draft.py`)
-and `draft` (two layers, wider; the second stage of a two-drafter cascade)."""
+`python -m ssd_jax.train.default_pair`; see docs/models.md): the target and two drafts distilled
+from it, `draft_small` (one layer; the default) and `draft` (two layers, wider; the second stage
+of a two-drafter cascade)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 DRAFT_DIR = os.path.join(ASSETS_DIR, "draft")
 DRAFT_SMALL_DIR = os.path.join(ASSETS_DIR, "draft_small")
 
-# The draft `default_models()` pairs with the target: SD at its defaults ran 1.76x AR with
-# draft_small against 1.46x with draft (mean over 8 prompt-set/temperature cases, 2-core CPU;
-# benchmarks/results/default_draft.json).
+# The draft `default_models()` pairs with the target: draft_small accepts nearly as much as the
+# wider draft at a fraction of its forward's cost, so SD runs faster with it
+# (`benchmarks/bench_default_draft.py`; docs/benchmarks.md, "The shipped draft").
 DEFAULT_DRAFT = "draft_small"
 _REBUILD = {"draft": "python -m ssd_jax.train.default_pair",
             "draft_small": "python -m ssd_jax.train.default_pair --only-draft-small"}

@@ -28,14 +28,12 @@ from ssd_jax.errors import InputError
 # max_draft_len per call and falls back to plain decoding inside the loop when speculation does
 # not pay; single-path drafts are capped per step at the length that pays best, and stop early
 # per row when the draft's top probability falls below threshold (None: GREEDY_THRESHOLD at
-# temperature 0 and no early stop at T > 0, where a flat draft law says little about acceptance:
-# with 0.02, SD capped at 4 tokens needed 191 target calls for 512 tokens of the repetition set
-# at T = 1, without it 163, as many as fixed L = 4). Fixed lengths lose to plain decoding where
-# the draft or retrieval guesses badly (PLD and LogitSpec at T=1: 0.6-0.8x AR, "auto" 0.9-1.0x;
-# SSD with target and draft on one device: 0.7-0.9x AR); "auto" reaches 0.9-1.0 of the best
-# fixed length of each prompt set (benchmarks/results/adaptive*.json). The fixed lengths below
-# (draft_len 5, K = 2) beat the alternatives on CPU (benchmarks/results/speculative_sweep.json);
-# SSD's budget of 10 speculations per step suits L = 4 (benchmarks/bench_ssd.py).
+# temperature 0 and no early stop at T > 0, where a flat draft law says little about acceptance
+# and stopping early only adds target calls). A fixed length loses to plain decoding where the
+# draft or retrieval guesses badly, which "auto" avoids by falling back; docs/adaptive.md has the
+# design and docs/benchmarks.md the measurements. FIXED_PATHS (K = 2) is the best K of
+# `benchmarks/bench_speculative.py --sweep`; SSD's budget of 10 speculations per step suits L = 4
+# (`benchmarks/bench_ssd.py`).
 AUTO = "auto"
 _ADAPTIVE = dict(draft_len=AUTO, max_draft_len=8, threshold=None)
 GREEDY_THRESHOLD = 0.02

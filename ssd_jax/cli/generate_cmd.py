@@ -308,8 +308,8 @@ def compare_with_ar(run_method, run_ar):
     fresh executable's first run is slow: page faults, cold caches), COMPARE_ROUNDS rounds that
     each run both back to back, unstreamed (streaming costs a host copy per step). The speedup is
     the median over rounds of the round's tokens/s ratio: a shared machine's speed drifts between
-    calls, and a pair run in the same round sees the same drift (on a 2-core VM, single calls of
-    the README's main job read 0.95-1.25x). The median runs are by tokens/s, their stats whole."""
+    calls, and a pair run in the same round sees the same drift, where single calls can scatter
+    far from the true ratio. The median runs are by tokens/s, their stats whole."""
     def speed(out):
         return out.stats["tokens_per_second"]
 

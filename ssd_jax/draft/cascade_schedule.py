@@ -186,12 +186,12 @@ def parse_k_matrix(k_matrix, num_drafters: int) -> tuple[tuple[int, ...], ...]:
 def default_cascade(num_drafters: int, greedy: bool = True) -> tuple[tuple[tuple[int, ...], ...], int | None]:
     """(k-matrix, max_draft_tokens) used when no k-matrix is given, for greedy decoding or not.
 
-    Evidence: benchmarks/results/cascade.json (bench_cascade.py, embedded models, CPU). Greedy:
-    Max-Gram's copies agree with the drafter's argmax about half the time, so wide rounds pay: the
-    best one-drafter schedule tried is D1 running 3 rounds, each reviewing 2 Max-Gram tokens (up to
-    9 draft tokens). Sampling: the drafter keeps a Max-Gram token with probability q(token), about
-    1 in 8 on sampled text, so rounds mostly emit one token and narrow blocks waste less of the
-    target's forward: 4 rounds over 1 Max-Gram token each, the target checking at most 6.
+    Chosen with `benchmarks/bench_cascade.py` on the embedded models. Greedy: Max-Gram's copies
+    often agree with the drafter's argmax, so wide rounds pay: the best one-drafter schedule tried
+    is D1 running 3 rounds, each reviewing 2 Max-Gram tokens (up to 9 draft tokens). Sampling: the
+    drafter keeps a Max-Gram token with probability q(token), which is small on sampled text, so
+    rounds mostly emit one token and narrow blocks waste less of the target's forward: 4 rounds
+    over 1 Max-Gram token each, the target checking at most 6.
 
     n = 0: 4 Max-Gram tokens. n >= 2 (both temperatures): D1 runs 3 rounds, each D_i reviews one
     round of D_{i+1}, the last drafter reviews 1 Max-Gram token; the target checks at most 6.

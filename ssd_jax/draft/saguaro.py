@@ -48,8 +48,8 @@ SAMPLE_BLOCK = 64
 def sample_blocked(key: jax.Array, probs: jax.Array, block: int = SAMPLE_BLOCK) -> jax.Array:
     """One token from probs float32 [V] in two Gumbel-max draws: a block of `block` ids by its
     mass, then an id within it. P(id) = (block mass / total) * (p_id / block mass) = p_id / total,
-    the law `sampling.sample` draws from, with 2*block Gumbel variates instead of V (on CPU the
-    random bits dominate: ~16x faster at V = 4096). Returns int32 []."""
+    the law `sampling.sample` draws from, with 2*block Gumbel variates instead of V (generating
+    the random bits is most of a draw's cost, so this is much cheaper for large V). Returns int32 []."""
     vocab = probs.shape[-1]
     blocks = -(-vocab // block)
     padded = jnp.pad(probs, (0, blocks * block - vocab)).reshape(blocks, block)

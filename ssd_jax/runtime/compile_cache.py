@@ -18,16 +18,16 @@ import numpy as np
 
 # Each distinct (method, configs, sampling, prompt and output buckets, batch) is one entry. A GPU's
 # per-call "auto" runs up to 13 programs per prompt bucket (lengths 1, 2, 4, 8 at 1, 2 and 4 paths,
-# and AR's): at 32, three buckets used in turn would evict programs between their calls (a review's
-# reading, not seen), and a program compiled again sets no price (`per_call`). 64: two or three such
-# methods' buckets, or a benchmark sweep over every method at two temperatures.
+# and AR's): at 32, three buckets used in turn could evict programs between their calls, and a
+# program compiled again sets no price (`per_call`). 64: two or three such methods' buckets, or a
+# benchmark sweep over every method at two temperatures.
 MAX_ENTRIES = 64
 
 
 def signature(args) -> tuple:
     """(treedef, per-leaf shape, dtype and sharding) of an argument pytree. The dtype objects
-    themselves (hashable, compared by value), not their names: formatting ~100 leaves' dtypes
-    took ~1 ms of every call (1% of a 128-token SD call on the embedded pair, CPU)."""
+    themselves (hashable, compared by value), not their names: formatting every leaf's dtype on
+    every call would cost a visible share of a short call."""
     leaves, treedef = jax.tree.flatten(args)
     return treedef, tuple((np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "sharding", None))
                           for x in leaves)
@@ -94,13 +94,12 @@ def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | No
     """Keeps every compiled XLA executable of this process on disk under `directory` (default:
     the SSD_JAX_COMPILE_CACHE environment variable; neither: nothing changes, returns None), so a
     later process loads a program instead of compiling it again. Compiling is most of a short
-    run's time on a GPU: each fixed decode program of the embedded pair took 7-11 s on an H200,
-    the adaptive loop's 10-80 s, and draft_len="auto" chosen per call compiles each program it
-    tries. JAX's own persistent cache (`jax_compilation_cache_dir`), every entry kept however
-    quick its compile; it is a process-wide setting, so it is only set when asked. The decode
-    programs are also kept whole in its folder `ssd_jax-programs`, so a later process skips
-    tracing them too (`ssd_jax.runtime.program_store`). Returns the
-    directory; InputError where it cannot be made."""
+    run's time, above all on a GPU, and draft_len="auto" chosen per call compiles each program it
+    tries (docs/accelerators.md). JAX's own persistent cache (`jax_compilation_cache_dir`), every
+    entry kept however quick its compile; it is a process-wide setting, so it is only set when
+    asked. The decode programs are also kept whole in its folder `ssd_jax-programs`, so a later
+    process skips tracing them too (`ssd_jax.runtime.program_store`). Returns the directory;
+    InputError where it cannot be made."""
     import jax
 
     from ssd_jax.runtime import program_store
@@ -124,7 +123,7 @@ def use_persistent_cache(directory: str | os.PathLike | None = None) -> str | No
 
 
 # The command line's own compile cache is bounded (JAX evicts the least recently used programs
-# past it); the embedded pair's programs take ~1 MB each on CPU.
+# past it); the embedded pair's programs are about a megabyte each, so this holds thousands.
 COMMAND_LINE_CACHE_BYTES = 2 << 30
 
 
@@ -133,8 +132,8 @@ def command_line_directory() -> str | None:
     $SSD_JAX_COMPILE_CACHE names one: none where JAX's own persistent cache is already set up
     (JAX_COMPILATION_CACHE_DIR: that choice stands), else ~/.cache/ssd_jax/xla ($XDG_CACHE_HOME
     honoured). A command line is a process of its own, so the process-wide
-    setting is its to make, and without it every run compiled its programs again: the README's
-    main job spent 11 s of a 16 s first run compiling "auto"'s loop on a 2-core CPU (AR: 1.4 s)."""
+    setting is its to make, and without it every run would compile its programs again, which is
+    most of a short run's time (docs/benchmarks.md, "One-shot runs and the compile cache")."""
     import jax
 
     if jax.config.jax_compilation_cache_dir:

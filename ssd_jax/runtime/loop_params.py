@@ -19,8 +19,8 @@ _LOOP_PARAMS = ParamsCache(_LOOP_PARAMS_KEPT)
 def loop_params(model: Model) -> dict:
     """The params a decode loop takes, prepared outside it: with `unroll_layers`, `decode_params`
     of model.params, made once per params object and kept (weakly: the entry goes when the params
-    do) for the next call; otherwise model.params. A call then no longer re-slices and re-fuses
-    every weight (about 3 ms per call for the embedded 11M target on CPU)."""
+    do) for the next call; otherwise model.params. A call then does not re-slice and re-fuse
+    every weight, a cost comparable to a short decode's on a small model."""
     if not unroll_layers(model):
         return model.params
     fuse = fusable(model)

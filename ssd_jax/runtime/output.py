@@ -16,8 +16,8 @@ FINISH_NAMES = {FINISH_RUNNING: "running", FINISH_EOS: "eos", FINISH_LENGTH: "le
 @dataclasses.dataclass
 class GenerateOutput:
     """tokens: per row, the generated ids (prompt excluded; the EOS token, if any, is the last);
-    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (docs/internals.md);
-    plan: the `ssd_jax.Plan` the call ran."""
+    finish_reasons: per row "eos" or "length"; stats: a dict of metrics (see
+    docs/internals.md#outputs-and-stats); plan: the `ssd_jax.Plan` the call ran."""
 
     tokens: list[list[int]]
     finish_reasons: list[str]

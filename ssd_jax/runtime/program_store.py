@@ -1,9 +1,9 @@
 """Compiled decode programs kept on disk whole, so that a later process runs one without tracing it.
 
 JAX's persistent compilation cache (`compile_cache.use_persistent_cache`) finds a program by its
-lowered text, so a later process still traces and lowers the program to look it up: for the
-default SD "auto" loop of the embedded pair (the target's step at four verification widths, plain
-steps and the draft chain) ~1.8 s of a ~4.8 s later `ssd-jax generate` on a 2-core CPU. Here an
+lowered text, so a later process still traces and lowers the program to look it up, which for
+the default SD "auto" loop of the embedded pair (the target's step at four verification widths,
+plain steps and the draft chain) is a large share of a later `ssd-jax generate`. Here an
 entry is the compiled executable itself (`jax.experimental.serialize_executable`), named by a
 digest of everything that decides the program without tracing it:
 
@@ -64,7 +64,7 @@ from ssd_jax.runtime.progress import notice
 FORMAT = 3
 FOLDER = "ssd_jax-programs"
 SUFFIX = ".program"
-# A later run's program of the embedded pair is ~6 MB on CPU; 64 of them cover every method at two
+# A program of the embedded pair is a few megabytes; 64 of them cover every method at two
 # temperatures and a few prompt buckets.
 MAX_FILES = 64
 MAX_BYTES = 1 << 30

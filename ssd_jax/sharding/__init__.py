@@ -1,5 +1,5 @@
 """Models over device meshes: logical axes (`axes`), rule tables and placements (`placement`),
-and `shard`, which places a model's params on a mesh. See README "Sharding and multi-host"."""
+and `shard`, which places a model's params on a mesh. See docs/sharding.md."""
 
 from __future__ import annotations
 

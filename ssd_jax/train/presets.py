@@ -5,9 +5,9 @@ from __future__ import annotations
 from ssd_jax.errors import InputError
 from ssd_jax.models.config import ModelConfig
 
-# Sized for a 2-core CPU: the target trains in about an hour; one draft forward costs about a tenth
-# of a target forward at batch 1, one draft_small forward (the first drafter of a two-drafter
-# cascade) about a third of a draft forward (measured by benchmarks/bench_model_costs.py).
+# Sized to train on a small CPU in under an hour, with each draft's forward a small fraction of
+# the model above it at batch 1: draft of the target, draft_small (the first drafter of a
+# two-drafter cascade) of draft (`benchmarks/bench_model_costs.py`; docs/models.md).
 PRESETS = {
     "target": dict(hidden_size=384, intermediate_size=1024, num_layers=6, num_heads=6, num_kv_heads=2, head_dim=64),
     "draft": dict(hidden_size=128, intermediate_size=384, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=64),

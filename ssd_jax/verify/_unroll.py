@@ -2,11 +2,10 @@
 
 The multi-path verifiers loop over a few static steps: the walk over draft depths (L), SpecInfer's
 candidates at a node (K), GBV's selection over depths, SpecTr's search for rho*. XLA:GPU runs each
-turn of a `while_loop` by reading its predicate back to the host (`ssd_jax.backend`), a few
-microseconds each: SpecTr's 24 bisection steps at each of L depths made its verification cost
-more than the target's forward on an H200 (embedded pair, bf16, T=1, batch 1, 2 paths: fixed
-L=4 ran 0.54x AR where SpecInfer's L=4 ran 1.12x, 2026-11-30). Elsewhere than on CPU these loops
-are therefore unrolled into straight-line code and SpecTr's search evaluates 15 points a round
+turn of a `while_loop` by reading its predicate back to the host (`ssd_jax.backend`), which
+waits for the GPU to drain: rolled, SpecTr's 24 bisection steps at each of L depths make its
+verification cost more than a small target's forward. Elsewhere than on CPU these loops are
+therefore unrolled into straight-line code and SpecTr's search evaluates 15 points a round
 (`ssd_jax.verify.spectr.spectr_rho`); on CPU, where a loop turn costs nothing and the extra points
 cost compute, they stay loops. Both forms compute the same values, SpecTr's rho* to the rounding
 of its balance equation: in float32 within 5e-7 over random and near-equal target and draft
