@@ -3,7 +3,8 @@
 For each prompt set, temperature and batch size, in one interleaved run (`spec_harness`): AR,
 the method at every fixed L in --lengths, and draft_len="auto" (at each --thresholds value). The
 acceptance remembered by "auto" (and its verdicts to decode plainly from the start) is cleared before
-each set, so every set starts from the prior.
+each set, so every set starts from the prior (the run's one `ssd_jax.Tuner` keeps the measured
+costs and calibrations across sets, measured once per run).
 Calibrations are measured in the run itself (kept in memory, not read from or written to the
 on-disk store, `ssd_jax.runtime.calibration_store`), unless SSD_JAX_CALIBRATION_DIR is set.
 --record-calibrations FILE keeps what the run measured, and --replay-calibrations FILE hands a
@@ -46,10 +47,8 @@ from benchmarks.calibration_replay import ReplayError, calibrations  # noqa: E40
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.heldout_prompts import heldout_prompts, repetition_prompts  # noqa: E402
 from benchmarks.spec_harness import paired_speedup, run_configs  # noqa: E402
-from ssd_jax.tuning import adaptive  # noqa: E402
-from ssd_jax.tuning import per_call
-from ssd_jax.tuning import plain_verdicts
-from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.tuning.per_call import PerCallMemory  # noqa: E402
+from ssd_jax.tuning.ssd_memory import SSDMemory  # noqa: E402
 
 # A table must not depend on calibrations an earlier run left on disk.
 os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
@@ -148,23 +147,34 @@ def auto_ratios(entries: list[dict]) -> tuple[dict | None, list[dict], dict]:
                              auto_vs_best_fixed=[paired_speedup(best, a) for a in autos] if best else None)
 
 
+def forget_choices(tuner: ssd_jax.Tuner) -> None:
+    """What a case starts without: the acceptance remembered, the jitted loop's and SSD's verdicts
+    (and SSD's lengths run, cost ratios, overheads and paces) and per-call "auto"'s prices and
+    probe counts. The measured forward costs, calibrations, AR step ratios and SSD's timed plain
+    steps stay: measured once per run, as a process's first calls measure them."""
+    tuner.acceptance.clear()
+    tuner.loop_verdicts.forget()
+    tuner.per_call = PerCallMemory(tuner.measures)
+    ssd = SSDMemory(tuner.measures)
+    ssd.plain_step_s, ssd.plain_runs = tuner.ssd.plain_step_s, tuner.ssd.plain_runs
+    tuner.ssd = ssd
+
+
 def measure(args, target, draft, sizes: list[int], lengths: list[int], thresholds: list[float | None],
             tree_sizes: list[int]) -> list[dict]:
     """Every set x temperature x batch size's case (AR, the fixed settings and auto, paired),
     printed and written to args.out + ".json" as each is done."""
     results = []
+    tuner = ssd_jax.Tuner()   # the run's: every call measures and remembers through it
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)
         for temperature in (float(t) for t in args.temperatures.split(",")):
             for batch_size in sizes:
-                adaptive.ACCEPTANCE.clear()
-                ssd_auto.forget()  # and the remembered "decode plainly from the start" verdicts
-                plain_verdicts.forget()
-                per_call.forget()
+                forget_choices(tuner)   # and the remembered "decode plainly from the start" verdicts
                 cases = configs(args.method, lengths, thresholds, tree_sizes)
                 rows = run_configs(target, prompts, [(m, o) for _, m, o in cases], temperature, args.new_tokens,
                                    batch_size=batch_size, draft=draft, repeats=args.repeats,
-                                   extra=EXTRA)
+                                   extra=EXTRA, tuner=tuner)
                 calls = -(-len(prompts) // batch_size)
                 ar_rate = rows[0]["tokens_per_second"]
                 entries = []

@@ -18,8 +18,6 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.common import OUT_HELP, format_table, machine_info, output_stem, write_json  # noqa: E402
 from benchmarks.spec_harness import run_configs  # noqa: E402
-from ssd_jax.tuning import adaptive  # noqa: E402
-from ssd_jax.tuning import plain_verdicts
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 DRAFTS = ("draft", "draft_small")
@@ -61,15 +59,16 @@ def main() -> None:
     target = ssd_jax.default_models()[0]
     drafts = {name: ssd_jax.defaults.shipped_draft(name) for name in ("draft", "draft_small")}
     results = []
+    tuner = ssd_jax.Tuner()   # the run's: every call measures and remembers through it
     for set_name in args.sets.split(","):
         prompts = prompt_set(set_name, target.tokenizer, args.prompts)
         for temperature in (float(t) for t in args.temperatures.split(",")):
             rows = {}
             for name in DRAFTS:   # AR is timed beside each draft, so each ratio is from one run
-                adaptive.ACCEPTANCE.clear()
-                plain_verdicts.forget()
+                tuner.acceptance.clear()   # each draft from the prior, and no verdict to decode plainly
+                tuner.loop_verdicts.forget()
                 ar, sd = run_configs(target, prompts, [("ar", {}), ("sd", {})], temperature, args.new_tokens,
-                                     draft=drafts[name], repeats=args.repeats)
+                                     draft=drafts[name], repeats=args.repeats, tuner=tuner)
                 ar, sd = ({k: v for k, v in row.items() if k != "tokens"} for row in (ar, sd))
                 rows[name] = dict(ar=ar, sd=sd, speedup=sd["tokens_per_second"] / ar["tokens_per_second"])
             case = dict(set=set_name, temperature=temperature, prompts=len(prompts),

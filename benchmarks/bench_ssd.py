@@ -127,7 +127,7 @@ def run_ssd(target, draft, prompts, temperature, new_tokens, options, *, sync_pr
     from benchmarks.spec_harness import method_object
     from ssd_jax.runtime.prompts import prepare_prompts
     from ssd_jax.ssd.host_loop import generate_ssd
-    from ssd_jax.generate import ssd_engine_options
+    from ssd_jax.ssd.call import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=temperature)

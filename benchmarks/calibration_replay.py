@@ -1,6 +1,6 @@
 """Calibrations of adaptive speculation recorded by one benchmark run and replayed in another.
 
-Each process measures its own step prices (`ssd_jax.tuning.adaptive._calibrate`), and on a small
+Each process measures its own step prices (`ssd_jax.tuning.measure._calibrate`), and on a small
 CPU they differ between processes enough to flip a near-tie between two caps: a cell of
 `bench_adaptive.py` moves by +-0.05 between runs of the same code. To compare two variants of the
 adaptive loop, one run records what it measured, in call order, and the other (on the other
@@ -15,8 +15,7 @@ import json
 from contextlib import contextmanager
 
 from benchmarks.common import write_json
-from ssd_jax.tuning import adaptive
-from ssd_jax.tuning import against_ar
+from ssd_jax.tuning import against_ar, cost_model, measure
 
 
 class ReplayError(RuntimeError):
@@ -26,13 +25,13 @@ class ReplayError(RuntimeError):
 
 @contextmanager
 def calibrations(record: str | None = None, replay: str | None = None):
-    """Within the block, `ssd_jax.tuning.adaptive._calibrate` records what it measures, in call
+    """Within the block, `ssd_jax.tuning.measure._calibrate` records what it measures, in call
     order, to the JSON file `record` (rewritten whole after each), or returns the entries of the file
     `replay` in order instead of measuring (and no call is checked against AR's program) (ReplayError when they run out or differ in length
     from what the program's loop takes). Neither: measured as usual."""
     if record and replay:
         raise ValueError("record or replay calibrations, not both")
-    measure = adaptive._calibrate
+    measured_by = measure._calibrate
     entries: list[list[float]] = []
     if replay:
         with open(replay) as f:
@@ -47,18 +46,18 @@ def calibrations(record: str | None = None, replay: str | None = None):
                 raise ReplayError(f"{replay} holds {len(entries)} calibrations; this run needs more "
                                   f"(program {index + 1}): record it with the same options (method, sets, "
                                   f"temperatures, batch sizes, lengths)")
-            size = adaptive.calibration_length(int(args[-1].shape[0]))
+            size = cost_model.calibration_length(int(args[-1].shape[0]))
             if len(entries[index]) != size:
                 raise ReplayError(f"calibration {index + 1} of {replay} has {len(entries[index])} entries, "
                                   f"the program takes {size}: recorded for another configuration")
             return tuple(entries[index])
-        measured = measure(executable, args, costs, takes_cap, table_caps)
+        measured = measured_by(executable, args, costs, takes_cap, table_caps)
         if record:
             entries.append([float(x) for x in measured])
             write_json(record, entries)   # whole, after each: a run that stops keeps what it measured
         return measured
 
-    adaptive._calibrate = calibrate
+    measure._calibrate = calibrate
     # A replayed run measures nothing: nor AR's step against the loop's (`against_ar`), whose
     # verdicts would make the calls after a near tie differ between runs.
     ar_ratio = against_ar.ar_step_ratio
@@ -67,5 +66,5 @@ def calibrations(record: str | None = None, replay: str | None = None):
     try:
         yield entries
     finally:
-        adaptive._calibrate = measure
+        measure._calibrate = measured_by
         against_ar.ar_step_ratio = ar_ratio

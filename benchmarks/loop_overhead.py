@@ -4,7 +4,7 @@ A call of draft_len="auto" that ran every step at cap c should cost what fixed L
 costs more is the loop's overhead (its memories, choices, dispatch), which no choice of cap can
 win back. This script compiles both programs of one method, batch, prompt set and temperature
 through `ssd_jax.generate` and times, interleaved over --rounds rounds, the "auto" program forced
-to each cap (the loop inputs its calibration uses, `ssd_jax.tuning.adaptive.force_cap`; forced
+to each cap (the loop inputs its calibration uses, `ssd_jax.tuning.cost_model.force_cap`; forced
 plain for cap 0) against the fixed program of that length (AR's for cap 0), each over the whole
 call. Per round it reports each program's seconds per target call; the ratio auto / fixed is the
 trimmed mean of the rounds' ratios.
@@ -37,8 +37,8 @@ import ssd_jax  # noqa: E402
 from benchmarks.bench_adaptive import prompt_set  # noqa: E402
 from benchmarks.common import RESULTS_DIR, machine_info, output_stem, override_policy, write_json  # noqa: E402
 from benchmarks.spec_harness import generate_kwargs  # noqa: E402
-from ssd_jax.tuning import adaptive  # noqa: E402
-from ssd_jax.runtime import compile_cache
+from ssd_jax.runtime import compile_cache  # noqa: E402
+from ssd_jax.tuning import cost_model, measure as tuning_measure  # noqa: E402
 
 
 def captured_program(run_call) -> tuple:
@@ -64,21 +64,21 @@ def captured_program(run_call) -> tuple:
 
 def auto_program(target, draft, prompts, method: str, new_tokens: int, temperature: float) -> tuple:
     """(executable, args) of method's "auto" program with its calibrated cost inputs as the last
-    argument (`ssd_jax.tuning.adaptive.calibrated_inputs`)."""
+    argument (`ssd_jax.tuning.measure.calibrated_inputs`)."""
     kwargs = generate_kwargs(method, {"num_draft_tokens": "auto"}, draft, new_tokens, temperature)
     inputs = []
-    original = adaptive.calibrated_inputs
+    original = tuning_measure.calibrated_inputs
 
     def keeping(*args, **kwargs):
         inputs.append(original(*args, **kwargs))
         return inputs[-1]
 
-    adaptive.calibrated_inputs = keeping
+    tuning_measure.calibrated_inputs = keeping
     try:
         executable, args = captured_program(lambda: ssd_jax.generate(target, prompts, key=jax.random.PRNGKey(0),
                                                                      **kwargs))
     finally:
-        adaptive.calibrated_inputs = original
+        tuning_measure.calibrated_inputs = original
     costs = jax.device_put(np.asarray(inputs[-1], np.float32), args[-1].sharding)
     return executable, args[:-1] + (costs,)
 
@@ -91,15 +91,15 @@ def fixed_program(target, draft, prompts, method: str, cap: int, new_tokens: int
 
 
 def forced_inputs(cap: int) -> np.ndarray:
-    return adaptive.FORCE_PLAIN if cap == 0 else adaptive.force_cap(cap)
+    return cost_model.FORCE_PLAIN if cap == 0 else cost_model.force_cap(cap)
 
 
 def measure(auto, fixed: dict, caps: list[int], new_tokens: int, rounds: int) -> dict:
     """Per cap: both programs' seconds per target call by round and the trimmed-mean ratio."""
     runs = {}
     for cap in caps:
-        runs[("auto", cap)] = adaptive.timed_run(*auto, new_tokens, forced_inputs(cap))
-        runs[("fixed", cap)] = adaptive.timed_run(*fixed[cap], new_tokens)
+        runs[("auto", cap)] = tuning_measure.timed_run(*auto, new_tokens, forced_inputs(cap))
+        runs[("fixed", cap)] = tuning_measure.timed_run(*fixed[cap], new_tokens)
     calls = {}
     for name, run in runs.items():   # warm, and the target calls (the same every round at T=0)
         calls[name] = int(jax.device_get(run()[1].counters["spec"].target_calls))
@@ -113,7 +113,7 @@ def measure(auto, fixed: dict, caps: list[int], new_tokens: int, rounds: int) ->
         a, f = np.asarray(per_call[("auto", cap)]), np.asarray(per_call[("fixed", cap)])
         out[str(cap)] = dict(auto_target_calls=calls[("auto", cap)], fixed_target_calls=calls[("fixed", cap)],
                              auto_s_per_call=a.tolist(), fixed_s_per_call=f.tolist(),
-                             auto_over_fixed=adaptive.trimmed_mean(a / f))
+                             auto_over_fixed=cost_model.trimmed_mean(a / f))
     return out
 
 

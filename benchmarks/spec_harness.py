@@ -144,10 +144,13 @@ def method_object(method: str, options: dict):
     return METHOD_CLASSES[method](**fields)
 
 
-def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperature: float) -> dict:
-    """`ssd_jax.generate`'s keyword arguments for one configuration: the method object, and the
-    draft (a list of drafters in options["drafts"] becomes CSD's tuple, largest first)."""
+def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperature: float, tuner=None) -> dict:
+    """`ssd_jax.generate`'s keyword arguments for one configuration: the method object, the
+    draft (a list of drafters in options["drafts"] becomes CSD's tuple, largest first) and the
+    `ssd_jax.Tuner` (None: the default one)."""
     kwargs = dict(max_new_tokens=new_tokens, method=method_object(method, options), temperature=temperature)
+    if tuner is not None:
+        kwargs["tuner"] = tuner
     if "drafts" in options:
         kwargs["draft"] = tuple(options["drafts"])
     elif method not in ("ar", "pld", "logitspec") and draft is not None:
@@ -156,7 +159,7 @@ def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperat
 
 
 def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: float, new_tokens: int, *,
-                batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> list[dict]:
+                batch_size: int = 1, draft=None, extra=None, repeats: int = 1, tuner=None) -> list[dict]:
     """Generates new_tokens for every prompt with every (method, options) configuration,
     interleaved: for each batch of prompts, `repeats` rounds in which every configuration runs
     once, each round starting one configuration later than the one before (so none always runs
@@ -176,9 +179,10 @@ def run_configs(target, prompts, configs: list[tuple[str, dict]], temperature: f
     summed over calls), round_tokens (the tokens generated in each round), and for speculative
     methods acceptance_rate, mean_acceptance_length, acceptance_per_position; stats keys named
     in `extra` are summed.
-    The draft is passed to every method but "ar" and the retrieval methods.
+    The draft is passed to every method but "ar" and the retrieval methods; tuner (an
+    `ssd_jax.Tuner`, None: the default one) to every call.
     """
-    kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature) for method, options in configs]
+    kwargs = [generate_kwargs(method, options, draft, new_tokens, temperature, tuner) for method, options in configs]
     groups = batches(prompts, batch_size)
     first = [ssd_jax.generate(target, groups[0], key=jax.random.PRNGKey(999), **kw).stats for kw in kwargs]
     outs = [[] for _ in configs]
@@ -216,10 +220,10 @@ def paired_speedup(base: dict, other: dict) -> float:
 
 
 def run_config(target, prompts, method: str, options: dict, temperature: float, new_tokens: int, *,
-               batch_size: int = 1, draft=None, extra=None, repeats: int = 1) -> dict:
+               batch_size: int = 1, draft=None, extra=None, repeats: int = 1, tuner=None) -> dict:
     """`run_configs` for one configuration."""
     return run_configs(target, prompts, [(method, options)], temperature, new_tokens, batch_size=batch_size,
-                       draft=draft, extra=extra, repeats=repeats)[0]
+                       draft=draft, extra=extra, repeats=repeats, tuner=tuner)[0]
 
 
 def transformers_rates(model_dir: str, prompts, temperature: float, new_tokens: int, variants: dict) -> dict:

@@ -112,17 +112,16 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
     import dataclasses
 
     from ssd_jax import backend
-    from ssd_jax.tuning import per_call
+    from tuning_helpers import deterministic
 
     here = backend.default_platform()
     monkeypatch.setitem(backend.POLICIES, here,
                         dataclasses.replace(backend.POLICIES[here], adaptive_per_call_below_rows=2))
-    per_call.forget()
+    deterministic(monkeypatch)   # the suite's default tuner, with nothing remembered (dropped after the test)
     target, draft = pair(vocab=64, seed=0, noise=0.3)
     prompts = [[3, 4, 5], [6, 7]]
     ar, auto = spec_harness.run_configs(target, prompts, [("ar", {}), ("sd", {"num_draft_tokens": "auto"})], 0.0,
                                         8, batch_size=1, draft=draft, repeats=2)
-    per_call.forget()
     assert "per_call_trace" not in ar
     trace = auto["per_call_trace"]
     assert len(trace) == 1 + 2 * 2
@@ -157,25 +156,25 @@ def test_recorded_calibrations_are_replayed_in_order(tmp_path, monkeypatch):
     what one run measured is returned, in order, to the next instead of measuring; a file that
     runs out or was recorded for another program is refused, naming it."""
     from benchmarks import calibration_replay
-    from ssd_jax.tuning import adaptive
+    from ssd_jax.tuning import cost_model, measure
 
     measured = iter([(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)])
-    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: next(measured))
-    size = 4 + len(adaptive.FORCE_SPECULATION) - 3   # loop inputs of a program whose calibration has 4 entries
+    monkeypatch.setattr(measure, "_calibrate", lambda *args, **kwargs: next(measured))
+    size = 4 + len(cost_model.FORCE_SPECULATION) - 3   # loop inputs of a program whose calibration has 4 entries
     args = (None, np.zeros(size))
     path = str(tmp_path / "cal.json")
     with calibration_replay.calibrations(record=path):
-        first = [adaptive._calibrate(None, args, None, True) for _ in range(2)]
+        first = [measure._calibrate(None, args, None, True) for _ in range(2)]
     assert first == [(1.0, 2.0, 3.0, 4.0), (5.0, 6.0, 7.0, 8.0)]
-    monkeypatch.setattr(adaptive, "_calibrate", lambda *args, **kwargs: pytest.fail("measured while replaying"))
+    monkeypatch.setattr(measure, "_calibrate", lambda *args, **kwargs: pytest.fail("measured while replaying"))
     with calibration_replay.calibrations(replay=path):
-        again = [adaptive._calibrate(None, args, None, True) for _ in range(2)]
+        again = [measure._calibrate(None, args, None, True) for _ in range(2)]
         with pytest.raises(calibration_replay.ReplayError, match="holds 2 calibrations"):
-            adaptive._calibrate(None, args, None, True)
+            measure._calibrate(None, args, None, True)
     assert again == first
     with calibration_replay.calibrations(replay=path):
         with pytest.raises(calibration_replay.ReplayError, match="has 4 entries, the program takes 5"):
-            adaptive._calibrate(None, (None, np.zeros(size + 1)), None, True)
+            measure._calibrate(None, (None, np.zeros(size + 1)), None, True)
     with pytest.raises(ValueError, match="not both"):
         with calibration_replay.calibrations(record=path, replay=path):
             pass

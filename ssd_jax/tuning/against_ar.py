@@ -3,20 +3,19 @@
 The adaptive loop chooses between speculating and its own plain steps, priced by its calibration.
 Its plain steps are not AR's program: they keep the buffer of tokens the draft missed and check
 every few steps whether speculation pays (retrieval also walks its drafts against the tokens
-drawn). On CPU that costs 1-4% over AR; on an H100 with the embedded pair, whose steps are tens of
-tiny kernels, PLD's plain step cost 0.18 ms against AR's 0.145 ms, and its speculative step 0.17
-ms. There, at T=1 with 1.02-1.09 tokens per step, the loop rightly kept speculating over its own
-plain steps and ran 0.85-0.96x AR. Only a call-level verdict reaches AR's program
+drawn). Where a step is many tiny kernels (a small model on a GPU) that extra work can make the
+loop's plain step dearer than AR's, and a loop that rightly prefers speculating over its own plain
+steps still runs below AR. Only a call-level verdict reaches AR's program
 (`ssd_jax.tuning.plain_verdicts`): after a call, its steps priced at the loop's prices are compared
 with AR's program's measured step over the steps AR would take, and a call that lost makes the next
 calls of its program start plain (with the verdicts' probes).
 
 AR's step is timed on its compiled program (the one a plain-from-start call runs) against the
 loop's plain step, both programs timed alike in interleaved rounds (a trimmed mean of the ratios,
-as the loop's calibration), once per program and argument shapes per process, and kept on disk
-per loop program and machine beside the loop's calibration (`ssd_jax.runtime.calibration_store`,
-"ar-ratio-" files: a later process neither builds nor times AR's program for it, ~2 s of a PLD
-call at T=1 on a 2-core CPU); only for calls whose speculation the loop's own prices find within
+as the loop's calibration), once per program and argument shapes per tuner, and kept in the
+tuner's store per loop program and machine beside the loop's calibration
+(`ssd_jax.runtime.calibration_store`, "ar-ratio-" files: a later process neither builds nor times
+AR's program for it); only for calls whose speculation the loop's own prices find within
 GAIN_CHECK of its plain steps, so calls that clearly pay never compile AR's program.
 """
 
@@ -34,24 +33,23 @@ from ssd_jax.tuning.cost_model import FORCE_PLAIN, trimmed_mean
 from ssd_jax.tuning.measure import calibration_tokens, timed_run
 
 # A call is checked against AR's program when its priced seconds are at least this share of its
-# AR steps at the loop's plain price: AR's program is at most ~25% cheaper than those (H100,
-# retrieval), so a call priced below this clearly beats it.
+# AR steps at the loop's plain price: AR's program is at most about a quarter cheaper than those
+# (docs/benchmarks.md), so a call priced below this clearly beats it.
 GAIN_CHECK = 0.7
 # ... and judged to lose unless its priced seconds beat AR's by this share. A loop call carries
-# host work that AR's does not and the prices leave out (CPU, PLD at T=1, 128 tokens: 3.8 ms
-# against 1.8 ms of a ~270 ms call), and a call that does not lose only keeps the next calls on the
-# loop, where near ties cost: with calls judged lost only beyond 3% over AR's seconds, PLD at T=1 on
-# held-out code ran streaks of loop calls priced 0.97-0.99x AR that took 2-4% longer a token than
-# AR's (0.98x AR over the set, 7 rounds, Intel Xeon VM, calls timed whole). A wrong verdict the
-# other way costs a gain under this share until the next probe.
+# host work that AR's does not and the prices leave out, and a call that does not lose only keeps
+# the next calls on the loop, where near ties cost: a wider margin let streaks of loop calls priced
+# just under AR run slower than AR. A wrong verdict the other way costs a gain under this share
+# until the next probe.
 GAIN_MARGIN = 0.01
 
 # AR's step over the loop's plain step can only lie near 1: both run one target forward per
-# token, the loop's plain step adding its buffer of missed tokens and its checks (CPU 1-5%, H100
-# PLD 24%). A measured ratio outside these bounds is the timing's noise (two test workers sharing
-# a 2-core machine measured 0.185), and a verdict on it would send the calls after a call that
-# paid to AR's program: it is kept as unmeasurable (no verdict) for the key.
+# token, the loop's plain step adding its buffer of missed tokens and its checks. A measured ratio
+# outside these bounds is the timing's noise (processes sharing a machine), and a verdict on it
+# would send the calls after a call that paid to AR's program: it is kept as unmeasurable (no
+# verdict) for the key.
 PLAUSIBLE_RATIO = (0.5, 1.5)
+
 
 def step_price(loop_costs, cap: int) -> float:
     """Seconds of a loop step capped at `cap` (0: a plain step) by the loop's prices (loop_costs:

@@ -4,22 +4,18 @@ where the user left them None.
 
 LogitSpec: the largest of TREE_SIZES nodes, at most the backend policy's `logitspec_tree_size`,
 whose target forward costs at most 1 + TREE_TOLERANCE times one token's
-(`adaptive.forward_seconds`, per model, batch, context bucket and backend). A wider tree never
-lowers the tokens a step accepts; what it costs is the forward, so the 2-core CPU, where 8 tokens
-already cost ~1.3x one, gets the smallest. But not only the forward: building and verifying the
-tree grow with its nodes too, which a GPU's forward hides least. On an H200 (2026-11-28, embedded
-pair, batch 1, T=0) 64 nodes, whose forward costs a token's, took 0.38 ms a target call against
-16 nodes' 0.30 ms for 3.79 tokens against 3.37 (1.55x AR against 1.63x; short prompts 1.64x
-against 1.85x), and on an H100 16 nodes ran 1.96x AR, 64 nodes 1.63x: the policy's size, the
-best measured on its backend, caps the forward's choice.
+(`measure.forward_seconds`, per model, batch, context bucket and backend). A wider tree never
+lowers the tokens a step accepts; what it costs is the forward, so a CPU, where a few tokens
+already cost noticeably more than one, gets the smallest. But not only the forward: building and
+verifying the tree grow with its nodes too, which a GPU's forward hides least, so the policy's
+size, the best measured on its backend (docs/benchmarks.md), caps the forward's choice.
 
 SpecInfer / SpecTr / GBV: K in PATH_CHOICES maximising the cost model's speedup
     E(a_K, L) target(1) / (target(K L + 1) + L draft(K rows)),    best L for each K,
 where a_K is the per-position acceptance remembered for K paths, or before any call with K
 paths 1 - (1 - a_1)^(K^PATH_GAIN_EXPONENT). K i.i.d. draws from one draft are far from
-independent guesses (that would be the exponent K); 0.2 fits the embedded pair at T=1, L=5
-(benchmarks/results/speculative_sweep.json: one path's 0.74 per position becomes 0.79 with
-SpecInfer's 2 paths and 0.81 with 3). The loop's counters then report the real a_K, which the
+independent guesses (that would be the exponent K); 0.2 fits the embedded pair's measured gain
+from more paths (docs/benchmarks.md). The loop's counters then report the real a_K, which the
 next call uses. At temperature 0 the K paths are copies of the argmax path, so K = 1. Where the
 backend policy chooses per call (`ssd_jax.tuning.per_call`, a GPU at one row), K is chosen there
 instead, each call, from the programs' measured prices: this model leaves out the verification

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.progress import notice
+from ssd_jax.runtime.progress import notice
 from ssd_jax.runtime import calibration_store, program_store
 from ssd_jax.runtime.compile_cache import signature
 from ssd_jax.runtime.processes import agreed
@@ -241,19 +241,15 @@ def calibrated_inputs(tuner, executable, args: tuple, program_key, costs: StepCo
     time are both measured (the slope between the two caps); otherwise the draft forward's cost is
     the per-forward measurement scaled like the AR step. table_caps (capped loops drafting with a
     model): the caps whose whole step is timed (forced runs at each), which the loop then prices as
-    measured instead of linearly: on CPU a step's cost grows faster than linearly with its cap (SD
-    at batch 1, code, T=0: 1.27, 1.52 and 2.30 AR steps at caps 2, 4 and 8, where the line through
-    caps 1 and 8 gave 1.32, 1.67, 2.37, pricing cap 8 within 1% of cap 4's speed where it ran 7%
-    slower). The runs are interleaved in _CALIBRATION_ROUNDS rounds, each opened and closed by a plain
-    run (the round's AR step is their mean), and each cost is the trimmed mean over rounds of its
-    ratio to the same round's AR step (times the trimmed mean AR step): this machine's speed drifts
-    by tens of percent within seconds, which separate best-of timings took for differences between
-    the programs. Against 5 rounds with one plain run and medians, six calibrations of one program
-    each (AMD EPYC, 2 cores) priced the caps with a spread of 3.5% instead of 5.8% (CSD, batch 1,
-    short prompts, T=1) and 3.3% instead of 7.5% (SD, batch 8, code, T=0; coefficients of
-    variation, mean over the timed caps). Kept per program (program_key) for the process, and on
-    disk per program and machine (`ssd_jax.runtime.calibration_store`), so a new process finds it;
-    the prior acceptance stays the plan's. For a deterministic tuner: `planned`, unmeasured."""
+    measured instead of linearly: a step's cost can grow faster than linearly with its cap, and the
+line through caps 1 and L then prices long caps too cheaply. The runs are interleaved in
+_CALIBRATION_ROUNDS rounds, each opened and closed by a plain run (the round's AR step is their
+mean), and each cost is the trimmed mean over rounds of its ratio to the same round's AR step
+(times the trimmed mean AR step): a machine's speed can drift by tens of percent within seconds,
+which separate best-of timings would take for differences between the programs. Kept per program
+(program_key) by the tuner, and in its store per program and machine
+(`ssd_jax.runtime.calibration_store`), so a new process finds it; the prior acceptance stays the
+plan's. For a deterministic tuner: `planned`, unmeasured."""
     if not tuner.measures:
         return np.asarray(planned, np.float32)
     calibration = tuner.remembered(tuner.calibrations, program_key)

@@ -63,7 +63,7 @@ PLD at T=1 lost 1-5% to them at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% prob
 at T=1 on CPU, L=2 at 0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program
 once (the compile cache keeps it). An executable's first run is slow (on an H200 about twice a later
 one's); where the backend policy's `warm_new_programs` says so (GPU), that run is made apart before
-the call's own (`generate._first_run_s`), so the call that tried a program prices it; elsewhere that
+the call's own (`decode_program.first_run_s`), so the call that tried a program prices it; elsewhere that
 call sets no price, and the next call of the program does.
 """
 
@@ -487,7 +487,7 @@ class PerCallMemory:
 
     def fixed_part_unknown(self, key, length: int) -> bool:
         """Whether the fixed part of key's program of `length` was not measured itself (timings
-        allowed): the call that ran it then measures it (`generate._fixed_seconds`)."""
+        allowed): the call that ran it then measures it (`auto_call.fixed_seconds`)."""
         return self.measures and self._prices.lookup((key, (FIXED, int(length)))) is None
 
     def fixed_part(self, key, length: int) -> float | None:
@@ -506,7 +506,7 @@ class PerCallMemory:
         length's price (None: not timed, a streamed call's host copies would be in it), its tokens
         per target call (a speculative length's) over E(length, acceptance), the per-position
         acceptance the call observed (required with tokens), that length's ratio to the geometric law
-        (`tokens_per_call`); neither under SSD_JAX_DETERMINISTIC_AUTO=1, nor for a call of no target
+        (`tokens_per_call`); neither for a deterministic tuner, nor for a call of no target
         call. Where the key's fixed part is known (`record_fixed`, `fixed_part`), the price is the
         seconds past it over the target calls past the first (which it holds), and a call of one
         target call (its rows all ended at their first token) records nothing: a call whose rows
