@@ -45,7 +45,7 @@ def _placements(seen: dict) -> dict:
 def run(check: str) -> dict:
     from ssd_jax.runtime.prompts import prepare_prompts
     from ssd_jax.ssd.host_loop import generate_ssd
-    from ssd_jax.generate import ssd_engine_options
+    from ssd_jax.ssd.call import ssd_engine_options
     from ssd_jax.sampling import SamplingParams
 
     target = llama(64, 64, 2, seed=0)
@@ -93,14 +93,14 @@ def run_plain() -> dict:
     prompts = [[5, 9, 2, 7], [3]]
     reference = ssd_jax.generate(target, prompts, max_new_tokens=16)
     seen = []
-    original = generate_module._generate_sync
+    original = generate_module._run
 
-    def spy(method, model, *args, **kwargs):
-        seen.append(sorted({d.id for leaf in jax.tree.leaves(model.params) for d in leaf.sharding.device_set}))
-        return original(method, model, *args, **kwargs)
+    def spy(call, method):
+        seen.append(sorted({d.id for leaf in jax.tree.leaves(call.target.params) for d in leaf.sharding.device_set}))
+        return original(call, method)
 
-    generate_module._generate_sync = spy
-    ssd_auto.starts_plain = lambda key: True   # the verdict: SSD was slower for this program
+    generate_module._run = spy
+    ssd_auto.starts_plain = lambda memory, key: True   # the verdict: SSD was slower for this program
     method = ssd_jax.SSD(draft_len="auto", target_devices=[1], draft_devices=[0])
     out = ssd_jax.generate(target, prompts, max_new_tokens=16, method=method, draft=draft)
     return dict(plain_from_start=bool(out.stats.get("plain_from_start")), target_params_on=seen,

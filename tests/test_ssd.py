@@ -37,7 +37,11 @@ from ssd_jax.loop.autoregressive import prefill
 from ssd_jax.errors import InputError
 from ssd_jax.models.transformer import forward_full
 from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.tuning import cost_model, measure
+from ssd_jax.tuning.memory import Recent
+from ssd_jax.tuning.tuner import DETERMINISTIC_ENV
 from spec_models import llama, noisy_copy
+from tuning_helpers import deterministic, measuring
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -162,22 +166,19 @@ SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.see
 
 
 @pytest.fixture(autouse=True)
-def no_remembered_verdicts(monkeypatch):
+def tuner(monkeypatch):
     """Each test starts with no program remembered as slower than plain decoding, and "auto"
-    measures (the switch compares timings)."""
-    monkeypatch.delenv("SSD_JAX_DETERMINISTIC_AUTO", raising=False)
-    ssd_auto.forget()
-    yield
-    ssd_auto.forget()
+    measures (the switch compares timings): a fresh measuring tuner, the default for the test."""
+    return measuring(monkeypatch)
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
-def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, reference, monkeypatch, switch):
+def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, reference, monkeypatch, switch, tuner):
     """draft_len="auto": SSD steps, then (if the switch says SSD is slower) plain decoding chunks
     to the end: the AR tokens, streamed as they come."""
     target, draft = models
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES[switch])
-    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    monkeypatch.setattr(tuner.ssd, "plain_runs", Recent())
     got: list[list[int]] = [[] for _ in prompts]
 
     def sink(tokens, counts):
@@ -194,19 +195,19 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
         assert out.stats["switched_to_plain_at_step"] == 1 and out.stats["ssd_steps"] == 1
         assert out.stats["ar_fallback_share"] > 0.5
         # its plain chunks (16 steps, compiled by the plain step's measurement) timed the plain step
-        assert all(seconds > 0 for runs in ssd_auto._PLAIN_RUNS.values() for seconds in runs)
-        assert sum(map(len, ssd_auto._PLAIN_RUNS.values())) >= 1
+        assert all(seconds > 0 for runs in tuner.ssd.plain_runs.values() for seconds in runs)
+        assert sum(map(len, tuner.ssd.plain_runs.values())) >= 1
 
 
 @pytest.mark.parametrize("streaming", [False, True])
-def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypatch, streaming):
+def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypatch, streaming, tuner):
     """A call that switched to plain decoding makes the next calls of the program decode plainly
     from the start (no SSD step, no draft prefill), all but every PROBE_EVERY-th, which runs SSD
     again; a probe that finds SSD faster ends it. Tokens are the AR tokens every time."""
     target, draft = models
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 3)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 3)   # the backoff: test_probes_back_off
-    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)  # each call's own ratio (the mean: its own test)
+    monkeypatch.setattr(tuner.ssd.ratios, "weight", 1.0)  # each call's own ratio (the mean: its own test)
     monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 1)      # so that a 40-token call is judged
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
     monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 2.0)
@@ -294,7 +295,8 @@ def test_plain_step_is_timed_per_target_dtype(models, prompts, monkeypatch):
     target, draft = models
     keys = []
     original = ssd_auto.plain_step_seconds
-    monkeypatch.setattr(ssd_auto, "plain_step_seconds", lambda key, *args: keys.append(key) or original(key, *args))
+    monkeypatch.setattr(ssd_auto, "plain_step_seconds",
+                        lambda memory, key, *args: keys.append(key) or original(memory, key, *args))
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
     half = dataclasses.replace(target, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), target.params))
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=2)
@@ -352,7 +354,7 @@ def test_a_probe_s_cost_leaves_the_sinks_time_out(models, prompts, reference, mo
     assert costed[0] <= out.stats["wall_time_s"] - sink_s[0]
 
 
-def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch):
+def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, reference, monkeypatch, tuner):
     """A call that ends before the switch may judge (WARMUP_STEPS + MIN_STEPS steps) still adds
     its SSD steps' cost ratio to the program's verdict: where such calls lose, the next start
     plain; the switch's prior (the judged steps' ratio) is left unset."""
@@ -365,70 +367,73 @@ def test_a_call_too_short_to_switch_still_sets_the_verdict(models, prompts, refe
     assert first.stats["ssd_steps"] < ssd_auto.WARMUP_STEPS + ssd_auto.MIN_STEPS
     second = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
     assert second.tokens == reference.tokens and second.stats["plain_from_start"]
-    key = next(iter(ssd_auto._RATIOS._values))
-    assert ssd_auto.prior_log_ratio(key) is None
+    key = next(iter(tuner.ssd.ratios._values))
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) is None
 
 
-def test_probes_back_off_while_ssd_stays_slower(monkeypatch):
+def test_probes_back_off_while_ssd_stays_slower(monkeypatch, tuner):
     """Calls between probes: PROBE_EVERY after a first "slower" verdict, doubled by every probe
     that finds SSD BACKOFF_RATIO slower again (up to PROBE_EVERY_MAX), back to PROBE_EVERY after a
     probe near the break-even or one where SSD paid."""
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 8)
-    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)   # each call's own ratio decides
+    monkeypatch.setattr(tuner.ssd.ratios, "weight", 1.0)   # each call's own ratio decides
     key = ("program",)
 
     def calls_until_probe() -> int:
         n = 1
-        while ssd_auto.starts_plain(key):
+        while ssd_auto.starts_plain(tuner.ssd, key):
             n += 1
         return n
 
     much_slower = ssd_auto.BACKOFF_RATIO + 0.01
-    assert not ssd_auto.starts_plain(key)        # nothing known: run SSD
-    ssd_auto.remember(key, much_slower, much_slower)
+    assert not ssd_auto.starts_plain(tuner.ssd, key)        # nothing known: run SSD
+    ssd_auto.remember(tuner.ssd, key, much_slower, much_slower)
     gaps = []
     for _ in range(5):
         gaps.append(calls_until_probe())
-        ssd_auto.remember(key, much_slower, much_slower)   # the probe: clearly slower again
+        ssd_auto.remember(tuner.ssd, key, much_slower, much_slower)   # the probe: clearly slower again
     assert gaps == [2, 4, 8, 8, 8]
     calls_until_probe()
-    ssd_auto.remember(key, 1.05, 1.05)   # slower, but near the break-even
+    ssd_auto.remember(tuner.ssd, key, 1.05, 1.05)   # slower, but near the break-even
     assert calls_until_probe() == 2
-    ssd_auto.remember(key, 0.8, 0.8)    # a probe found SSD faster: it runs every call
-    assert not ssd_auto.starts_plain(key) and not ssd_auto.starts_plain(key)
-    ssd_auto.remember(key, much_slower, much_slower)
+    ssd_auto.remember(tuner.ssd, key, 0.8, 0.8)    # a probe found SSD faster: it runs every call
+    assert not ssd_auto.starts_plain(tuner.ssd, key) and not ssd_auto.starts_plain(tuner.ssd, key)
+    ssd_auto.remember(tuner.ssd, key, much_slower, much_slower)
     assert calls_until_probe() == 2
 
 
-def test_a_deterministic_call_ignores_verdicts_remembered_with_timings(monkeypatch):
-    """Under SSD_JAX_DETERMINISTIC_AUTO=1 a call must not depend on the calls before it: a plain
-    verdict (and the lengths its probes keep to) remembered while timings were allowed neither
-    starts the call plain nor picks its length (it did: at T=1 the call ran AR's program, other
-    tokens than the same call in a fresh process)."""
+def test_a_deterministic_call_ignores_verdicts_remembered_with_timings(monkeypatch, tuner):
+    """A deterministic tuner's call must not depend on the calls before it: a plain verdict (and
+    the lengths its probes keep to) in its SSD memory neither starts the call plain nor picks its
+    length (it did: at T=1 the call ran AR's program, other tokens than the same call in a fresh
+    process)."""
     monkeypatch.setattr(ssd_auto, "PROBE_LENGTHS", 1)
     key = ("program", "remembered with timings")
-    ssd_auto.ran_length(key, 2)
-    ssd_auto.remember(key, 2.0, 2.0)
-    assert ssd_auto.starts_plain(key)
-    monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")
-    assert not any(ssd_auto.starts_plain(key) for _ in range(ssd_auto.PROBE_EVERY_MAX))
-    assert ssd_auto.probe_length(key, 4, lambda n: 1.0) == 4
+    ssd_auto.ran_length(tuner.ssd, key, 2)
+    ssd_auto.remember(tuner.ssd, key, 2.0, 2.0)
+    assert ssd_auto.starts_plain(tuner.ssd, key)
+    tuner = deterministic(monkeypatch)
+    ssd_auto.ran_length(tuner.ssd, key, 2)   # the same memories, held by the deterministic tuner
+    ssd_auto.remember(tuner.ssd, key, 2.0, 2.0)
+    assert tuner.ssd.verdicts.is_plain(key)
+    assert not any(ssd_auto.starts_plain(tuner.ssd, key) for _ in range(ssd_auto.PROBE_EVERY_MAX))
+    assert ssd_auto.probe_length(tuner.ssd, key, 4, lambda n: 1.0) == 4
 
 
-def test_a_probe_that_leaves_no_verdict_is_not_followed_by_one_at_every_call(monkeypatch):
+def test_a_probe_that_leaves_no_verdict_is_not_followed_by_one_at_every_call(monkeypatch, tuner):
     """A probe that ends without a verdict (an SSD call too short to judge: fewer than MIN_STEPS
     steps) still starts the count of calls to the next probe: after a plain verdict of 16-token
     calls, calls of 4 tokens (the same program) ran SSD at every call from the first probe on."""
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 4)
     key = ("program", "short probes")
-    ssd_auto.remember(key, 2.0, 2.0)
-    probes = [not ssd_auto.starts_plain(key) for _ in range(12)]   # none of them remembers a verdict
+    ssd_auto.remember(tuner.ssd, key, 2.0, 2.0)
+    probes = [not ssd_auto.starts_plain(tuner.ssd, key) for _ in range(12)]   # none of them remembers a verdict
     assert probes == [False, False, False, True] * 3
 
 
-def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
+def test_a_dear_probe_spaces_the_next_ones(monkeypatch, tuner):
     """A plain verdict's calls between probes are at least the probe's cost over PROBE_OVERHEAD
     (PROBE_EVERY to PROBE_EVERY_MAX): a call whose SSD part cost 0.2 of a plain call spaces
     probes 20 calls apart at a 1% budget; near the break-even they stay PROBE_EVERY apart, and
@@ -437,27 +442,27 @@ def test_a_dear_probe_spaces_the_next_ones(monkeypatch):
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 4)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 32)
     monkeypatch.setattr(ssd_auto, "PROBE_OVERHEAD", 0.01)
-    monkeypatch.setattr(ssd_auto._RATIOS, "weight", 1.0)
+    monkeypatch.setattr(tuner.ssd.ratios, "weight", 1.0)
     key = ("program", "dear probes")
 
     def calls_until_probe() -> int:
         n = 1
-        while ssd_auto.starts_plain(key):
+        while ssd_auto.starts_plain(tuner.ssd, key):
             n += 1
         return n
 
-    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)
+    ssd_auto.remember(tuner.ssd, key, 1.6, 1.6, probe_cost=0.2)
     assert calls_until_probe() == 20
-    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)    # slower again: doubled, up to the most
+    ssd_auto.remember(tuner.ssd, key, 1.6, 1.6, probe_cost=0.2)    # slower again: doubled, up to the most
     assert calls_until_probe() == 32
-    ssd_auto.remember(key, 1.05, 1.05, probe_cost=0.004)  # near the break-even: every 4th call
+    ssd_auto.remember(tuner.ssd, key, 1.05, 1.05, probe_cost=0.004)  # near the break-even: every 4th call
     assert calls_until_probe() == 4
-    ssd_auto.remember(key, 1.05, 1.05, probe_cost=0.09)   # no backoff, but a dearer probe
+    ssd_auto.remember(tuner.ssd, key, 1.05, 1.05, probe_cost=0.09)   # no backoff, but a dearer probe
     assert calls_until_probe() == 9
-    ssd_auto.remember(key, 0.6, 0.6)                     # a call where SSD paid (another prompt)
-    ssd_auto.remember(key, 1.6, 1.6, probe_cost=0.2)
+    ssd_auto.remember(tuner.ssd, key, 0.6, 0.6)                     # a call where SSD paid (another prompt)
+    ssd_auto.remember(tuner.ssd, key, 1.6, 1.6, probe_cost=0.2)
     assert calls_until_probe() == 4                      # probes as often as before: it may pay again
-    ssd_auto.forget()
+    tuner.reset()
 
 
 def test_probe_cost_is_the_call_s_excess_over_plain_decoding():
@@ -475,15 +480,13 @@ def test_probe_cost_is_the_call_s_excess_over_plain_decoding():
     assert switch.judged_pace() == pytest.approx(4.0)
 
 
-def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference, monkeypatch):
+def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference, monkeypatch, tuner):
     """Past PROBE_LENGTHS lengths, a probe (SSD run again while its program's calls start plain)
     keeps to the lengths its key ran, whose programs are compiled, unless the cost model predicts
     a new one to beat them and plain decoding by NEW_LENGTH_GAIN: the preferred length moves with
     the remembered acceptance, and probes at ever new lengths compiled SSD's programs (~20 s on
     CPU) each time. Plain decoding's step is measured once for every length of these shapes.
     Outside probes every length stays open."""
-    from ssd_jax.tuning import adaptive
-
     target, draft = models
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY", 2)
     monkeypatch.setattr(ssd_auto, "PROBE_EVERY_MAX", 2)
@@ -494,9 +497,9 @@ def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference
     measured = []
     original = ssd_auto.plain_step_seconds
     monkeypatch.setattr(ssd_auto, "plain_step_seconds",
-                        lambda key, *args: measured.append(key) or original(key, *args))
+                        lambda memory, key, *args: measured.append(key) or original(memory, key, *args))
     predicted = {1: 0.9, 2: 0.5, 3: 0.5, 4: 0.5}   # the cost model's speedups, whatever the timings
-    monkeypatch.setattr(adaptive, "predicted_speedup", lambda costs, acceptance, n, *rest, **kw: predicted[n])
+    monkeypatch.setattr(cost_model, "predicted_speedup", lambda costs, acceptance, n, *rest, **kw: predicted[n])
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
 
     def call():
@@ -512,70 +515,70 @@ def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference
     predicted[3] = 1.2                                 # predicted to pay clearly: a new length
     assert call()["plain_from_start"]
     assert call()["planned_draft_len"] == 3
-    ssd_auto.forget()                                  # no verdict: every length open
+    tuner.reset()                                      # no verdict: every length open
     predicted[4] = 1.5
     assert call()["planned_draft_len"] == 4
     assert len(measured) == 4 and len(set(measured)) == 1
 
 
-def test_probes_try_a_few_lengths_then_keep_to_them():
+def test_probes_try_a_few_lengths_then_keep_to_them(tuner):
     """A key's probes take the cost model's length until PROBE_LENGTHS lengths were run; then the
     best of those (by the model), and a new one only where it is predicted to beat them and plain
     decoding by NEW_LENGTH_GAIN. A call that is no probe always takes the model's length."""
     key = ("program",)
     speedup = {1: 0.5, 2: 0.6, 3: 0.7, 4: 0.8, 5: 0.9, 6: 1.04, 7: 1.2, 8: 1.0}.get
-    assert ssd_auto.probe_length(key, 5, speedup) == 5          # no verdict: no probe
-    ssd_auto.remember(key, 2.0, 2.0)                             # SSD slower: calls start plain
+    assert ssd_auto.probe_length(tuner.ssd, key, 5, speedup) == 5          # no verdict: no probe
+    ssd_auto.remember(tuner.ssd, key, 2.0, 2.0)                             # SSD slower: calls start plain
     tried = []
     for best in (2, 3, 4, 5, 6):
-        tried.append(ssd_auto.probe_length(key, best, speedup))
-        ssd_auto.ran_length(key, tried[-1])
+        tried.append(ssd_auto.probe_length(tuner.ssd, key, best, speedup))
+        ssd_auto.ran_length(tuner.ssd, key, tried[-1])
     assert tried[:ssd_auto.PROBE_LENGTHS] == [2, 3, 4][:ssd_auto.PROBE_LENGTHS]
     assert tried[ssd_auto.PROBE_LENGTHS:] == [4] * (5 - ssd_auto.PROBE_LENGTHS)   # 5 and 6: no clear gain
-    assert ssd_auto.probe_length(key, 7, speedup) == 7          # 1.2 > 1.05 x max(0.8, 1.0)
-    ssd_auto.forget()
+    assert ssd_auto.probe_length(tuner.ssd, key, 7, speedup) == 7          # 1.2 > 1.05 x max(0.8, 1.0)
+    tuner.reset()
 
 
-def test_verdict_is_the_recent_calls_mean_log_ratio():
+def test_verdict_is_the_recent_calls_mean_log_ratio(tuner):
     """One prompt where SSD is slower, among prompts where it pays, does not send the program's
     calls to plain decoding (the last call's verdict did: 42-63% of the steps plain on held-out
     code where SSD paid 1.3x); where most calls are slower, they start plain."""
     key = ("program",)
     for _ in range(6):
         for ratio in (0.6, 0.55, 1.5, 0.65):
-            ssd_auto.remember(key, ratio, ratio)
-            assert not ssd_auto.starts_plain(key)
-    assert ssd_auto.prior_log_ratio(key) < 0
+            ssd_auto.remember(tuner.ssd, key, ratio, ratio)
+            assert not ssd_auto.starts_plain(tuner.ssd, key)
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) < 0
     for ratio in (1.4, 1.3, 0.9, 1.3, 1.25):
-        ssd_auto.remember(key, ratio, ratio)
-    assert ssd_auto.prior_log_ratio(key) > 0 and ssd_auto.starts_plain(key)
-    ssd_auto.forget()
-    assert ssd_auto.prior_log_ratio(key) is None and not ssd_auto.starts_plain(key)
+        ssd_auto.remember(tuner.ssd, key, ratio, ratio)
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) > 0 and ssd_auto.starts_plain(tuner.ssd, key)
+    tuner.reset()
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) is None and not ssd_auto.starts_plain(tuner.ssd, key)
 
 
-def test_a_slow_first_call_weighs_no_more_than_the_next_ones():
+def test_a_slow_first_call_weighs_no_more_than_the_next_ones(tuner):
     """A program's first calls make a plain mean, not one decayed from the first value: a first
     call at 1.3x plain decoding's cost starts the next calls plain, and one probe at 0.75x (SSD
     pays) ends that (decayed from the first, it took three such probes, 8 plain calls apart)."""
     key = ("program",)
-    ssd_auto.remember(key, 1.3, 1.3)
-    assert ssd_auto.starts_plain(key)
-    ssd_auto.remember(key, 0.75, 0.75)
-    assert not ssd_auto.starts_plain(key)
-    assert ssd_auto.prior_log_ratio(key) == pytest.approx((np.log(1.3) + np.log(0.75)) / 2)
+    ssd_auto.remember(tuner.ssd, key, 1.3, 1.3)
+    assert ssd_auto.starts_plain(tuner.ssd, key)
+    ssd_auto.remember(tuner.ssd, key, 0.75, 0.75)
+    assert not ssd_auto.starts_plain(tuner.ssd, key)
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) == pytest.approx((np.log(1.3) + np.log(0.75)) / 2)
 
 
-def test_the_switch_s_prior_is_the_call_s_length_s(models, prompts, reference, monkeypatch):
+def test_the_switch_s_prior_is_the_call_s_length_s(models, prompts, reference, monkeypatch, tuner):
     """The steady state a call's switch weighs is the one measured at its own length; at a length
     no judged call ran, the other lengths' weighs less where it says SSD lost. A first call at L=2
     slower than plain decoding ended a probe at L=3 that ran 0.86x its cost (held-out code, batch
     1, T=0, one CPU device), and the calls stayed plain where L=4 and 6 ran 1.09x and 1.17x AR;
     with no prior at all, near-break-even probes at new lengths ran to their end at batch 8."""
     key = ("program",)
-    assert ssd_auto.switch_prior(key, 2) == (None, ssd_auto.PRIOR_STEPS)
-    ssd_auto.remember(key, 1.37, 1.37, draft_len=2)
-    assert ssd_auto.switch_prior(key, 2) == (pytest.approx(np.log(1.37)), ssd_auto.PRIOR_STEPS)
-    lost = ssd_auto.switch_prior(key, 3)                  # slower at 2 tells less of 3
+    assert ssd_auto.switch_prior(tuner.ssd, key, 2) == (None, ssd_auto.PRIOR_STEPS)
+    ssd_auto.remember(tuner.ssd, key, 1.37, 1.37, draft_len=2)
+    assert ssd_auto.switch_prior(tuner.ssd, key, 2) == (pytest.approx(np.log(1.37)), ssd_auto.PRIOR_STEPS)
+    lost = ssd_auto.switch_prior(tuner.ssd, key, 3)                  # slower at 2 tells less of 3
     assert lost == (pytest.approx(np.log(1.37)), ssd_auto.OTHER_LENGTH_PRIOR_STEPS)
 
     def switches(window_ratio: float, prior) -> bool:
@@ -585,15 +588,15 @@ def test_the_switch_s_prior_is_the_call_s_length_s(models, prompts, reference, m
         return switch.slower_than_plain()
 
     assert not switches(0.86, lost)                       # the probe that paid goes on ...
-    assert switches(0.86, ssd_auto.switch_prior(key, 2))  # ... which L=2's own prior would end
+    assert switches(0.86, ssd_auto.switch_prior(tuner.ssd, key, 2))  # ... which L=2's own prior would end
     assert switches(0.97, lost)                           # near the break-even: it ends
-    ssd_auto.remember(key, 0.6, 0.6, draft_len=3)
-    assert ssd_auto.switch_prior(key, 3) == (pytest.approx(np.log(0.6)), ssd_auto.PRIOR_STEPS)
+    ssd_auto.remember(tuner.ssd, key, 0.6, 0.6, draft_len=3)
+    assert ssd_auto.switch_prior(tuner.ssd, key, 3) == (pytest.approx(np.log(0.6)), ssd_auto.PRIOR_STEPS)
     paid = (np.log(1.37) + np.log(0.6)) / 2
-    assert paid < 0 and ssd_auto.switch_prior(key, 5) == (pytest.approx(paid), ssd_auto.PRIOR_STEPS)
+    assert paid < 0 and ssd_auto.switch_prior(tuner.ssd, key, 5) == (pytest.approx(paid), ssd_auto.PRIOR_STEPS)
 
     # Through generate: the call's length is the one remembered.
-    ssd_auto.forget()
+    tuner.reset()
     target, draft = models
     monkeypatch.setattr(ssd_auto, "WARMUP_STEPS", 1)
     monkeypatch.setattr(ssd_auto, "MIN_STEPS", 2)
@@ -603,10 +606,10 @@ def test_the_switch_s_prior_is_the_call_s_length_s(models, prompts, reference, m
                            draft=draft)
     assert out.tokens == reference.tokens
     length = out.stats["planned_draft_len"]
-    key = next(iter(ssd_auto._RATIOS._values))
-    assert ssd_auto.prior_log_ratio(key, length) == pytest.approx(np.log(1.5))
-    assert ssd_auto.prior_log_ratio(key, 1 if length != 1 else 2) is None
-    assert ssd_auto.prior_log_ratio(key) == pytest.approx(np.log(1.5))
+    key = next(iter(tuner.ssd.ratios._values))
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key, length) == pytest.approx(np.log(1.5))
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key, 1 if length != 1 else 2) is None
+    assert ssd_auto.prior_log_ratio(tuner.ssd, key) == pytest.approx(np.log(1.5))
 
 
 def test_switch_weighs_the_program_s_recent_calls():
@@ -630,72 +633,71 @@ def test_switch_weighs_the_program_s_recent_calls():
     assert first_switch(0.8, None) is None
 
 
-def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch):
+def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch, tuner):
     """SSD's own cost per step (measured on its calls, beyond the model's target(L+1) + L draft)
     makes longer drafts pay: at prices like the embedded pair's on CPU the model alone stops short
     of the maximum where SSD ran fastest at it (held-out code, batch 1); at low acceptance the
     draft stays short."""
-    from ssd_jax.tuning import adaptive
-
-    costs = adaptive.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
-    assert adaptive.choose_draft_len(costs, 0.8, 6) < 6
+    costs = cost_model.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.12)
+    assert cost_model.choose_draft_len(costs, 0.8, 6) < 6
     key = ("program",)
-    overhead = functools.partial(ssd_auto.step_overhead, key, costs.target(1))
+    overhead = functools.partial(ssd_auto.step_overhead, tuner.ssd, key, costs.target(1))
     # Before a judged call, PRIOR_OVERHEAD target steps: the first call drafts longer than the
     # model alone would have it (L=2 there ran 0.81x AR where L=4 and 6 ran 1.09x and 1.17x).
     assert overhead() == pytest.approx(ssd_auto.PRIOR_OVERHEAD * costs.target(1))
-    prior = adaptive.PRIOR_ACCEPTANCE
-    assert adaptive.choose_draft_len(costs, prior, 6, step_overhead_s=overhead()) > adaptive.choose_draft_len(
+    prior = cost_model.PRIOR_ACCEPTANCE
+    assert cost_model.choose_draft_len(costs, prior, 6, step_overhead_s=overhead()) > cost_model.choose_draft_len(
         costs, prior, 6)
-    assert ssd_auto.pace_acceptance(key) is None
+    assert ssd_auto.pace_acceptance(tuner.ssd, key) is None
     # 2.1 + 0.25 L forwards a step, 4.03 tokens a step at L=4
-    ssd_auto.remember_step(key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))
+    ssd_auto.remember_step(tuner.ssd, key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))
     assert overhead() == pytest.approx(3.1 - costs.spec_step(4))
-    paced = ssd_auto.pace_acceptance(key)
-    assert adaptive.expected_tokens(paced, 4) == pytest.approx(4.03, abs=1e-6)
-    assert adaptive.choose_draft_len(costs, paced, 6, step_overhead_s=overhead()) == 6
-    assert adaptive.choose_draft_len(costs, 0.3, 6, step_overhead_s=overhead()) <= 3
+    paced = ssd_auto.pace_acceptance(tuner.ssd, key)
+    assert cost_model.expected_tokens(paced, 4) == pytest.approx(4.03, abs=1e-6)
+    assert cost_model.choose_draft_len(costs, paced, 6, step_overhead_s=overhead()) == 6
+    assert cost_model.choose_draft_len(costs, 0.3, 6, step_overhead_s=overhead()) <= 3
     # A call whose batch gained one token a step (its slowest row accepted nothing): acceptance 0.
-    ssd_auto.remember_step(key, 4, judged_step_s=0.5, pace_tokens=1.0, model_step_s=costs.spec_step(4))
+    ssd_auto.remember_step(tuner.ssd, key, 4, judged_step_s=0.5, pace_tokens=1.0, model_step_s=costs.spec_step(4))
     assert overhead() == pytest.approx((3.1 - costs.spec_step(4)) / 2)   # never below 0
-    assert ssd_auto.pace_acceptance(key) == pytest.approx(paced / 2, abs=1e-6)
+    assert ssd_auto.pace_acceptance(tuner.ssd, key) == pytest.approx(paced / 2, abs=1e-6)
     assert ssd_auto.acceptance_for_tokens(2.2, 4) < ssd_auto.acceptance_for_tokens(4.03, 4)
     assert ssd_auto.acceptance_for_tokens(0.5, 4) == pytest.approx(0.0, abs=1e-6)
-    monkeypatch.setenv("SSD_JAX_DETERMINISTIC_AUTO", "1")   # a call must not depend on the ones before
-    assert overhead() == 0.0 and ssd_auto.pace_acceptance(key) is None
+    tuner = deterministic(monkeypatch)   # a call must not depend on the ones before
+    ssd_auto.remember_step(tuner.ssd, key, 4, judged_step_s=3.1, pace_tokens=4.03, model_step_s=costs.spec_step(4))
+    overhead = functools.partial(ssd_auto.step_overhead, tuner.ssd, key, costs.target(1))
+    assert overhead() == 0.0 and ssd_auto.pace_acceptance(tuner.ssd, key) is None
 
 
-def test_colocated_ssd_prices_the_cache_build_per_draft_token(monkeypatch):
+def test_colocated_ssd_prices_the_cache_build_per_draft_token(monkeypatch, tuner):
     """With both models on one device group, a draft token costs the fallback's forward at B rows
     and the cache build's at B x slots rows (every slot drafts L deep); on disjoint groups the
     build overlaps the verification and the costs stay the draft-model methods'. At the forward
     times of batch 4 on one CPU device (the embedded pair) the build's price moves the first
     call's length from 5 to 4 (L=5-6 ran 0.80-0.83x AR there, L=4 0.94-1.00x)."""
-    from ssd_jax.tuning import adaptive
-
     asked = []
 
-    def forward_seconds(model, batch, width, context, measure=True):
+    def forward_seconds(tuner, model, batch, width, context, measure=True):
         asked.append((model, batch, width, context))
         return 0.55e-3
 
-    monkeypatch.setattr(adaptive, "forward_seconds", forward_seconds)
-    costs = adaptive.StepCosts(target_fixed=4.34e-3, target_per_token=0.58e-3, draft=0.109e-3)
-    priced = ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=True)
+    monkeypatch.setattr(measure, "forward_seconds", forward_seconds)
+    costs = cost_model.StepCosts(target_fixed=4.34e-3, target_per_token=0.58e-3, draft=0.109e-3)
+    priced = ssd_auto.build_priced(tuner, costs, "draft", 4, 192, 10, colocated=True)
     assert asked == [("draft", 40, 1, 192)]
     assert priced.draft == pytest.approx(0.659e-3) and priced.target(3) == costs.target(3)
     overhead = ssd_auto.PRIOR_OVERHEAD * costs.target(1)
-    prior = adaptive.PRIOR_ACCEPTANCE
-    assert adaptive.choose_draft_len(costs, prior, 6, step_overhead_s=overhead) == 5
-    assert adaptive.choose_draft_len(priced, prior, 6, step_overhead_s=overhead) == 4
-    assert ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=False) is costs
-    assert ssd_auto.build_priced(adaptive.UNMEASURED, "draft", 4, 192, 10, colocated=True) is adaptive.UNMEASURED
+    prior = cost_model.PRIOR_ACCEPTANCE
+    assert cost_model.choose_draft_len(costs, prior, 6, step_overhead_s=overhead) == 5
+    assert cost_model.choose_draft_len(priced, prior, 6, step_overhead_s=overhead) == 4
+    assert ssd_auto.build_priced(tuner, costs, "draft", 4, 192, 10, colocated=False) is costs
+    assert ssd_auto.build_priced(tuner, cost_model.UNMEASURED, "draft", 4, 192, 10, colocated=True) \
+        is cost_model.UNMEASURED
     assert len(asked) == 1
-    monkeypatch.setattr(adaptive, "forward_seconds", lambda *args, **kwargs: None)   # timings not allowed
-    assert ssd_auto.build_priced(costs, "draft", 4, 192, 10, colocated=True) is costs
+    monkeypatch.setattr(measure, "forward_seconds", lambda *args, **kwargs: None)   # timings not allowed
+    assert ssd_auto.build_priced(tuner, costs, "draft", 4, 192, 10, colocated=True) is costs
 
 
-def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not():
+def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not(tuner):
     """The verdict's ratio is over every SSD step of the call (the next call pays the warm-up
     too), but a step that compiled; the step time and pace the length is chosen from, and the
     next calls' switch prior, are the judged steps' (SSD's steady state)."""
@@ -710,9 +712,9 @@ def test_call_ratio_counts_the_warm_up_and_the_step_time_does_not():
     assert switch.call_ratio() == pytest.approx((3.0 * warm_up + 10.0) / (warm_up + 8.0))
     assert switch.judged_step_s() == pytest.approx(2.5) and switch.judged_pace() == pytest.approx(2.0)
     assert switch.judged_ratio() == pytest.approx(10.0 / 8.0)
-    ssd_auto.remember(("program",), switch.call_ratio(), switch.judged_ratio())
-    assert ssd_auto.prior_log_ratio(("program",)) == pytest.approx(np.log(10.0 / 8.0))   # the steady state's
-    assert ssd_auto.starts_plain(("program",))                                         # the whole call's
+    ssd_auto.remember(tuner.ssd, ("program",), switch.call_ratio(), switch.judged_ratio())
+    assert ssd_auto.prior_log_ratio(tuner.ssd, ("program",)) == pytest.approx(np.log(10.0 / 8.0))   # the steady state's
+    assert ssd_auto.starts_plain(tuner.ssd, ("program",))                                         # the whole call's
 
 
 def test_auto_switch_rule():
@@ -765,11 +767,11 @@ def test_batch_pace_takes_back_the_window_s_chance_lag_but_not_a_slow_row():
     assert judged(128, steady).pace() == pytest.approx(1.0)
 
 
-def _plain_step_timer(monkeypatch, seconds_per_run, rows: int = 1, **settings):
+def _plain_step_timer(monkeypatch, tuner, seconds_per_run, rows: int = 1, **settings):
     """`ssd_auto.plain_step_seconds` on "key", with fresh memories, the module's `settings` set,
     and a fake clock under which the chunk's i-th run takes seconds_per_run[i] for 16 steps."""
-    monkeypatch.setattr(ssd_auto, "_PLAIN_STEP_S", ssd_auto.Recent())
-    monkeypatch.setattr(ssd_auto, "_PLAIN_RUNS", ssd_auto.Recent())
+    monkeypatch.setattr(tuner.ssd, "plain_step_s", Recent())
+    monkeypatch.setattr(tuner.ssd, "plain_runs", Recent())
     for name, value in settings.items():
         monkeypatch.setattr(ssd_auto, name, value)
     runs = iter(seconds_per_run)
@@ -780,52 +782,52 @@ def _plain_step_timer(monkeypatch, seconds_per_run, rows: int = 1, **settings):
         return np.zeros((rows, 16)), np.full(rows, 16)   # emitted, appended per row
 
     monkeypatch.setattr(ssd_auto, "time", types.SimpleNamespace(perf_counter=lambda: clock["now"]))
-    return functools.partial(ssd_auto.plain_step_seconds, "key", run_chunk, {"cache": jnp.zeros((rows, 2))})
+    return functools.partial(ssd_auto.plain_step_seconds, tuner.ssd, "key", run_chunk, {"cache": jnp.zeros((rows, 2))})
 
 
-def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_first_ones(monkeypatch):
+def test_plain_step_time_is_a_trimmed_mean_of_runs_after_the_first_ones(monkeypatch, tuner):
     """The plain step that SSD's running mean is judged against: the first PLAIN_UNTIMED_RUNS
     runs (the first compiles, the next reads slow) left out, the trimmed mean of the next
     PLAIN_TIMED_RUNS per step, remembered per key. A lucky fast run does not set it (the best of
     the runs did, which made SSD that paid look slower)."""
-    step = _plain_step_timer(monkeypatch, [9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8], rows=2,
+    step = _plain_step_timer(monkeypatch, tuner, [9.0, 3.0] + [1.6, 1.6, 1.6, 1.6, 1.6, 0.8], rows=2,
                              PLAIN_TIMINGS=1, PLAIN_UNTIMED_RUNS=2, PLAIN_TIMED_RUNS=6)
     assert step() == pytest.approx(0.1)
     assert step() == pytest.approx(0.1)   # remembered: no run
 
 
-def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch):
+def test_switched_calls_plain_parts_refresh_the_plain_step(monkeypatch, tuner):
     """A plain step timed once stays wrong if the machine was slow then (5.9 ms at batch 4 where
     other processes read 4.5-5.6): the switched calls' plain parts join it, the median of the
     first measurement and the last PLAIN_RUNS_KEPT parts; parts too short to time are left out."""
-    step = _plain_step_timer(monkeypatch, [1.0, 1.6, 1.6],   # 0.1 s a step after the compiling run
+    step = _plain_step_timer(monkeypatch, tuner, [1.0, 1.6, 1.6],   # 0.1 s a step after the compiling run
                              PLAIN_TIMINGS=1, PLAIN_TIMED_RUNS=2, PLAIN_UNTIMED_RUNS=1)
     assert step() == pytest.approx(0.1)
-    ssd_auto.observe_plain_run("key", seconds=1.2, steps=16)     # 0.075 s a step
+    ssd_auto.observe_plain_run(tuner.ssd, "key", seconds=1.2, steps=16)     # 0.075 s a step
     assert step() == pytest.approx((0.1 + 0.075) / 2)
-    ssd_auto.observe_plain_run("key", seconds=0.5, steps=ssd_auto.PLAIN_RUN_MIN_STEPS - 1)   # too short
-    ssd_auto.observe_plain_run("key", seconds=8.0, steps=100)    # 0.08 s a step
+    ssd_auto.observe_plain_run(tuner.ssd, "key", seconds=0.5, steps=ssd_auto.PLAIN_RUN_MIN_STEPS - 1)   # too short
+    ssd_auto.observe_plain_run(tuner.ssd, "key", seconds=8.0, steps=100)    # 0.08 s a step
     assert step() == pytest.approx(0.08)
     assert step() == pytest.approx(0.08)
     for _ in range(ssd_auto.PLAIN_RUNS_KEPT):
-        ssd_auto.observe_plain_run("key", seconds=0.9, steps=18)   # 0.05 s a step
-    assert step() == pytest.approx(0.05) and len(ssd_auto._PLAIN_RUNS.lookup("key")) == ssd_auto.PLAIN_RUNS_KEPT
-    ssd_auto.observe_plain_run("other", seconds=0.9, steps=18)     # another program's: its own
+        ssd_auto.observe_plain_run(tuner.ssd, "key", seconds=0.9, steps=18)   # 0.05 s a step
+    assert step() == pytest.approx(0.05) and len(tuner.ssd.plain_runs.lookup("key")) == ssd_auto.PLAIN_RUNS_KEPT
+    ssd_auto.observe_plain_run(tuner.ssd, "other", seconds=0.9, steps=18)     # another program's: its own
     assert step() == pytest.approx(0.05)
 
 
-def test_a_slow_first_plain_timing_is_outvoted_by_the_next_calls(monkeypatch):
+def test_a_slow_first_plain_timing_is_outvoted_by_the_next_calls(monkeypatch, tuner):
     """Timed once at a slow moment, plain decoding looked dear, SSD was never judged slower and no
     call switched to refresh it (batch 8, T=0, CPU: one process of three ran SSD on every step at
     0.84x AR): the key's next calls time it again, PLAIN_RETIMED_RUNS warm runs each, until
     PLAIN_TIMINGS timings, and the step is their median."""
-    step = _plain_step_timer(monkeypatch, [9.0, 3.2, 3.2] + [1.6] * 3 + [1.7] * 3,   # 0.2 s a step, 0.1, 0.106
+    step = _plain_step_timer(monkeypatch, tuner, [9.0, 3.2, 3.2] + [1.6] * 3 + [1.7] * 3,   # 0.2 s a step, 0.1, 0.106
                              PLAIN_TIMINGS=3, PLAIN_UNTIMED_RUNS=1, PLAIN_TIMED_RUNS=2, PLAIN_RETIMED_RUNS=3)
     assert step() == pytest.approx(0.2)                      # the slow first timing
     assert step() == pytest.approx((0.2 + 0.1) / 2)          # a second, warm: no untimed run
     assert step() == pytest.approx(1.7 / 16)                 # the median of three
     assert step() == pytest.approx(1.7 / 16)                 # three timings: no more runs
-    assert len(ssd_auto._PLAIN_STEP_S.lookup("key")) == 3
+    assert len(tuner.ssd.plain_step_s.lookup("key")) == 3
 
 
 # ---------------------------------------------------------------------------------- fan-out
@@ -1073,6 +1075,7 @@ def test_cli_flags_reach_generate(capsys):
 
 def _multidevice(check: str, devices: int) -> dict:
     env = fake_devices_env(devices)
+    env.pop(DETERMINISTIC_ENV, None)   # the subprocess's default tuner measures, as this test's does
     proc = subprocess.run([sys.executable, os.path.join(HERE, "ssd_multidevice.py"), check], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

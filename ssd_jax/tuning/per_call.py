@@ -3,16 +3,9 @@ more than a fixed program's of the same length (the backend policy's `adaptive_p
 
 The adaptive loop decides inside the program, step by step; on XLA:GPU its control flow (a while
 loop of runs, a `lax.switch` over caps, the plain fallback's checks) reads predicates back to the
-host between kernels. On an NVIDIA H100 (2026-11-27, embedded pair, bf16, SD at batch 1, held-out
-code, T=1; `benchmarks/results/loop_overhead_gpu_h100_*`), the loop forced to caps 2 and 4 took
-0.271 and 0.363 ms a step against fixed L=2 and L=4's 0.245 and 0.327 ms (+10-11%), and its plain
-step 0.193 ms against AR's program's 0.152 ms (+27%); traced at T=0, its steps left the device
-idle 72 us each against 25 us for fixed L=2 with about as many kernels. "auto" there ran
-1.18-1.42x AR, 0.84-0.91 of fixed L=2 (`adaptive_gpu_h100_sd_b1_1127.json`); PLD's loop, at the
-same tokens per step as fixed L=8, ran 0.92-0.95 of it at T=0 (H200, `adaptive_gpu_h200_pld_b1.json`).
-No choice of caps wins back a tenth of every step. Capturing while loops and conditionals in
-CUDA graphs (`--xla_gpu_enable_command_buffer=...,CONDITIONAL,WHILE`) made the loop slower still
-(+16-20%). The loop's programs also compile 10-80 s on a GPU against 1-2 s for a fixed length's.
+host between kernels, which at one row costs a tenth of every step or more, and no choice of caps
+wins that back (docs/benchmarks.md#the-backend-policy); its programs also compile far slower
+than a fixed length's.
 
 So a call here runs one program, chosen before it starts: the method at a fixed length L* (its
 `Menu`: SD, BV, SpecInfer, SpecTr, GBV and PLD their draft_len, CSD its max_draft_tokens,
@@ -26,45 +19,40 @@ target(K L + 1) + L draft forwards at K paths' rows; retrieval and cascades draf
 target(width) alone) plus the part of it the model misses (sampling, verification, the cascade's
 or lookup's drafting, bookkeeping, the launches), measured on the program's past calls of that
 length (each call's seconds past its fixed part, which AR's program run to one token on the
-call's inputs measures, over its target calls past the first: `record`), else of the nearest
-measured one (`prices`; a program's own fixed part is measured after its first call, a drafted
-one's holding its draft's prefill). The choice compares the steps alone. tokens(L): the tokens per target call
-measured on that length's past calls, else E(L, a) = (1 - a^(L+1)) / (1 - a) scaled by what the
-nearest measured length read against its own E (a retrieval draft finds nothing on some steps,
-a cascade's lenient review accepts near misses: the geometric law alone is off by a factor that
-a measured length shows), a the pair's remembered per-position acceptance (`Tuner.acceptance`,
-which these calls update from their counters as the loop's do). The choice depends only on past
-calls and timings, so each call keeps its fixed program's exact law.
+call's inputs measures, over its target calls past the first: `PerCallMemory.record`), else of
+the nearest measured one (`PerCallMemory.prices`; a program's own fixed part is measured after its
+first call, a drafted one's holding its draft's prefill). The choice compares the steps alone.
+tokens(L): the tokens per target call measured on that length's past calls, else
+E(L, a) = (1 - a^(L+1)) / (1 - a) scaled by what the nearest measured length read against its own
+E (a retrieval draft finds nothing on some steps, a cascade's lenient review accepts near misses:
+the geometric law alone is off by a factor that a measured length shows), a the pair's remembered
+per-position acceptance (`Tuner.acceptance`, which these calls update from their counters as the
+loop's do). The choice depends only on past calls and timings, so each call keeps its fixed
+program's exact law.
 
 price(0), AR's program's, is timed on the call's own inputs before the first choice of a program
 key (a run that is not the executable's first): priced as the drafted lengths' model plus their
-surplus, AR's program read as dear as the method's verification (on an H200, GBV at T=1 with 4
-paths measured ~0.7 ms a target call against AR's 0.15 ms a token, while the borrowed surplus
-priced AR near 0.45 ms: "auto" ran 0.70-0.74x AR and never chose AR's program).
+surplus, AR's program would read as dear as the method's verification, and a multi-path method
+that ran below AR would never choose AR's program.
 
 A multi-path method whose paths "auto" left open (SpecInfer, SpecTr, GBV at T > 0) chooses its path
 count here too, among `auto_shape.PATH_CHOICES` (`Shape`s, one per K): the cost model's forwards at
 K L + 1 tokens cost about one token's on a GPU, so it takes the most paths, but their verification
-and sampling, which it leaves out, grow with K (H200, T=1: GBV with 4 paths ran 0.70-0.74x AR where
-2 paths ran 1.0x and one path, SD's programs, 1.4-1.5x). The first calls run one path; a shape not
-yet run borrows the surplus measured on the shape of nearest K, scaled by K / K' (where positive),
-so more paths are tried where their predicted gain outweighs that, one count at a time (2 paths
-before 4: `shape_speedups`). A program never run is chosen only where it predicts EXPLORE_GAIN over
-the rest (`choose_shape`). While AR's program wins, a call runs the best program already run anyway
-now and then (a probe), so the acceptance stays current. A probe costs 1/s - 1 of an AR call where
-s is its predicted speedup (< 1), so the calls between probes are as many as keep that under
+and sampling, which it leaves out, grow with K. The first calls run one path; a shape not yet run
+borrows the surplus measured on the shape of nearest K, scaled by K / K' (where positive), so more
+paths are tried where their predicted gain outweighs that, one count at a time (2 paths before 4:
+`shape_speedups`). A program never run is chosen only where it predicts EXPLORE_GAIN over the rest
+(`choose_shape`). While AR's program wins, a call runs the best program already run anyway now and
+then (a probe), so the acceptance stays current. A probe costs 1/s - 1 of an AR call where s is its
+predicted speedup (< 1), so the calls between probes are as many as keep that under
 PROBE_OVERHEAD of them (at least PROBE_EVERY_MIN), and each probe after which AR's program still
 wins doubles them (up to PROBE_EVERY_MAX, as the loop's and SSD's plain verdicts back off). A near
-tie probes within a few calls: one poor call (a prompt that retrieval drafts badly) does not hand
-the next several good ones to AR's program (H200, LogitSpec on the repeat set at T=0: 58% of the
-calls AR's program, 0.72 of fixed L=8, under a fixed first probe 8 calls in); a clear loss probes
-seldom (H200, LogitSpec at T=1 at ~0.55x AR a probe: 0.78-0.90x AR from probes every 8th call; CPU,
-PLD at T=1 lost 1-5% to them at 0.58-0.82x AR each). A PROBE_OVERHEAD of 2% probed a near tie (PLD
-at T=1 on CPU, L=2 at 0.91x AR) twice in 12 calls: 0.98x AR. Each length run compiles its program
-once (the compile cache keeps it). An executable's first run is slow (on an H200 about twice a later
-one's); where the backend policy's `warm_new_programs` says so (GPU), that run is made apart before
-the call's own (`decode_program.first_run_s`), so the call that tried a program prices it; elsewhere that
-call sets no price, and the next call of the program does.
+tie probes within a few calls, so one poor call (a prompt that retrieval drafts badly) does not
+hand the next several good ones to AR's program; a clear loss probes seldom. Each length run
+compiles its program once (the compile cache keeps it). An executable's first run is slower than
+later ones; where the backend policy's `warm_new_programs` says so (GPU), that run is made apart
+before the call's own (`decode_program.first_run_s`), so the call that tried a program prices it;
+elsewhere that call sets no price, and the next call of the program does.
 """
 
 from __future__ import annotations
@@ -266,9 +254,8 @@ class PerCallMemory:
 
     def compact(self, key) -> tuple:
         """A short key standing for `key` in the tables here. A call's full keys (the weights'
-        identities, the method, sampling and shapes) took ~10 us to hash and compare, and a call looks
-        its programs up some 40 times: with the menus rebuilt each call, the choice cost 1.5 ms of host
-        time a call on CPU (~10% of a 128-token call of the embedded pair on an H200)."""
+        identities, the method, sampling and shapes) are slow to hash and compare, and a call looks
+        its programs up tens of times: a noticeable share of a short call's host time."""
         with self._lock:
             short = self._compact.lookup(key)
             if short is None:
@@ -382,10 +369,8 @@ class PerCallMemory:
         predicted (else 0: not chosen) only once the shape of the next fewer paths has a measured
         length, so paths are tried one count at a time from the first (the fewest paths: the
         cheapest program to compile). One path runs SD's programs, whose surplus says little of a
-        multi-path verifier's: on an H200 at T=1 GBV with 4 paths, priced from one path's, ran 0.33 ms
-        a token on its first call against one path's 0.10 and AR's 0.16, then 2 paths' 0.30, before
-        both were priced out (five programs tried in 12 calls: 0.94-0.99x AR); 2 paths, once priced,
-        say what 4 will cost."""
+        multi-path verifier's: priced from one path's, many paths were tried too early and each
+        cost a slow call; 2 paths, once priced, say what 4 will cost."""
         measured = [any(n > 0 for n in self._surpluses(shape.key, shape.menu, memo)) for shape in shapes]
         out = []
         for index, shape in enumerate(shapes):
@@ -510,10 +495,8 @@ class PerCallMemory:
         call. Where the key's fixed part is known (`record_fixed`, `fixed_part`), the price is the
         seconds past it over the target calls past the first (which it holds), and a call of one
         target call (its rows all ended at their first token) records nothing: a call whose rows
-        ended early is mostly that fixed part (H200, SpecTr at T=1 on short prompts: 6.5 ms for 4
-        tokens in 3 target calls, where L=4's calls took 18-21 ms for 39-46, so ~5 ms of each call is
-        fixed), and priced whole it made its length look 4x dearer per target call: AR's program ran
-        the set's last 6 calls at 0.86x AR. Such a call also counts as a share of one, its target
+        ended early is mostly that fixed part, and priced whole it made its length look several
+        times dearer per target call, handing the next calls to AR's program. Such a call also counts as a share of one, its target
         calls past the first over FULL_SHARE_STEPS (at most 1), in both the price and the tokens."""
         if length and tokens is not None and acceptance is None:
             raise ValueError("per_call.record: tokens need the acceptance the call observed")
