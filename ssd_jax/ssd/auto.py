@@ -86,8 +86,8 @@ BACKOFF_RATIO = 1.15
 PROBE_OVERHEAD = 0.01
 PROBE_LENGTHS = 3        # lengths a key's probes may try (`probe_length`) ...
 NEW_LENGTH_GAIN = 0.05   # ... and past those, a new one only for this predicted gain
-# SSD's step overhead before a program's first judged call, in target steps (measured on one CPU
-# device, batch 1: 1.3-1.4 on an AMD EPYC VM, ~1.0 on an Intel Xeon one; `step_overhead`).
+# SSD's step overhead before a program's first judged call, in target steps (about what one CPU
+# device measures at batch 1; `step_overhead`).
 PRIOR_OVERHEAD = 1.0
 PRIOR_STEPS = 6         # the weight of that mean in a call's switch, in judged steps ...
 OTHER_LENGTH_PRIOR_STEPS = 2   # ... and of other lengths' where the call's length has none
@@ -319,7 +319,7 @@ def observe_plain_run(memory: SSDMemory, key, seconds: float, steps: int) -> Non
 def starts_plain(memory: SSDMemory, key) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the recent calls that
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
-    module's docstring); always False under SSD_JAX_DETERMINISTIC_AUTO=1, where a call must not
+    module's docstring); always False for a deterministic tuner, where a call must not
     depend on the calls before it (verdicts remembered while timings were allowed included)."""
     return memory.measures and memory.verdicts.starts_plain(key)
 
@@ -338,7 +338,7 @@ def probe_length(memory: SSDMemory, key, best: int, speedup) -> int:
     lengths from the overhead measured at the ones run, which is not the same at every length
     (held-out code, T=0: the first call ran L=2 at 0.83x AR and the model priced L=4 at 0.57x,
     where L=4 and 6 ran 1.14x and 1.23x). A call that is no probe takes `best` (so does every
-    call under SSD_JAX_DETERMINISTIC_AUTO=1)."""
+    call for a deterministic tuner)."""
     if not memory.measures or not memory.verdicts.is_plain(key):
         return best
     with memory.lock:
@@ -404,18 +404,15 @@ def build_priced(tuner, costs: StepCosts, draft, batch_size: int, context: int, 
 def step_overhead(memory: SSDMemory, key, target_step_s: float) -> float:
     """Seconds a step of SSD's program `key` took beyond the cost model's speculative step
     (target(L+1) + L draft forwards) on its recent calls; before one was judged, PRIOR_OVERHEAD
-    target steps (target_step_s: the cost model's target(1)); 0.0 under
-    SSD_JAX_DETERMINISTIC_AUTO=1. SSD's step carries a fixed cost of its own (the host loop, the
-    cache lookup, the fallback drafting of missed rows, the draft's cache build and, on one
-    device, its share of the device), which favours longer drafts than the synchronous methods':
-    on one CPU device its steps took the time of 2.1 + 0.25 L target forwards (held-out code,
-    batch 1, T=0: L=2 ran 1.00x AR, 4 1.28x, 6 1.39x), where the model without it chose L of 2-4.
-    Not 0 before the first judged call: a program's first call then ran L=2 (same set, an AMD EPYC
-    VM: 0.81x AR where L=4 and 6 ran 1.09x and 1.17x) and, slower than plain decoding, sent the
-    calls after it plain. (A line in L fitted through the overheads measured at each length,
-    since the build grows with L, chose L of 1-2 at batch 4 where L=4 and 6 ran 1.09-1.10x AR:
-    the lengths a call measures first are judged on the call's early steps, whose acceptance is
-    lower.)"""
+    target steps (target_step_s: the cost model's target(1)); 0.0 for a deterministic tuner.
+    SSD's step carries a fixed cost of its own (the host loop, the cache lookup, the fallback
+    drafting of missed rows, the draft's cache build and, on one device, its share of the device),
+    which favours longer drafts than the synchronous methods': without it the model chose lengths
+    that ran slower than longer ones. Not 0 before the first judged call: a program's first call
+    then ran too short a length and, slower than plain decoding, sent the calls after it plain. (A
+    line in L fitted through the overheads measured at each length, since the build grows with L,
+    chose too short lengths too: the lengths a call measures first are judged on the call's early
+    steps, whose acceptance is lower.)"""
     if not memory.measures:
         return 0.0
     measured = memory.overheads.lookup(key)
@@ -425,7 +422,7 @@ def step_overhead(memory: SSDMemory, key, target_step_s: float) -> float:
 def pace_acceptance(memory: SSDMemory, key) -> float | None:
     """The per-position acceptance at which the cost model's E(L) equals the tokens per step of
     the batch's pace (its row furthest behind) on the program's recent calls; None before one was
-    judged (and under SSD_JAX_DETERMINISTIC_AUTO=1). A batch of rows runs until its last row is
+    judged (and for a deterministic tuner). A batch of rows runs until its last row is
     done, so the rows' pooled acceptance overstates what a longer draft gains it (held-out code,
     batch 4, T=1, one CPU device: L=4 ran 1.04x and 0.97x AR where L=6 ran 0.95x and 0.89x, in
     two processes; with SSD's overhead, the pooled acceptance chose 5.6 on average, the pace's
