@@ -90,6 +90,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
+# compiled_caps, with_one and PENDING_WIDTH are re-exported for `ssd_jax.tuning` and the tests.
+from ssd_jax.loop.caps import PENDING_WIDTH, compiled_caps, narrowest, with_one  # noqa: F401
 from ssd_jax.loop.shadow import chain_counts, shadow_counts
 from ssd_jax.loop.skeleton import DecodeState, advance, fold_rows, paused, room_gated, start
 from ssd_jax.models.config import ModelConfig
@@ -178,66 +180,9 @@ PROBE_WITHIN = 0.1
 # text that retrieval copies: PLD on code at T=0 ran 0.94 of L=4 choosing every 4 steps, 1.00
 # every step.
 DECIDE_EVERY = 4
-# The most tokens a plain phase emits before the draft catches up (and the loop may probe).
-PENDING_WIDTH = 24
 # Plain steps between checks of whether speculation pays, on every backend (each check is a few
 # tens of small ops: at batch 8 on CPU, checking every plain step cost PLD's fallback ~3% of AR).
 PLAIN_BLOCK = 4
-
-
-def pending_width(plan) -> int:
-    """The parts' pending_width: PENDING_WIDTH under adaptive speculation (plan: an AutoPlan), else 0."""
-    return PENDING_WIDTH if plan is not None else 0
-
-
-def compiled_caps(max_len: int) -> tuple[int, ...]:
-    """The draft lengths a capped step's verification is compiled for: 2, 4, 8, ... below
-    max_len, then max_len (`lax.switch` picks the narrowest holding the step's drafts). On CPU a
-    verified token costs about as much as a draft forward, so verifying at the full width when
-    drafts stopped short loses ~8% per step; a width for every length measured no better (SD at
-    T=1 on two prompt sets: 1.19-1.29x AR, against 1.33-1.36x with powers of two)."""
-    caps, n = [], 2
-    while n < max_len:
-        caps.append(n)
-        n *= 2
-    return tuple(caps) + (max_len,)
-
-
-def with_one(caps: tuple[int, ...]) -> tuple[int, ...]:
-    """1 and the compiled caps above it: the caps a step runs at (a one-token draft is its own
-    program)."""
-    return (1,) + tuple(n for n in caps if n > 1)
-
-
-def narrowest(widths: tuple[int, ...], longest: jax.Array) -> jax.Array:
-    """The index (int32 []) of the narrowest of the ascending compiled widths holding longest
-    (int32 []; the last width when none does): the branch a `lax.switch` over widths takes."""
-    return jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest).astype(jnp.int32)
-
-
-def at_narrowest(widths: tuple[int, ...], longest: jax.Array, branch: Callable, *operands):
-    """branch(n, *operands) for n the narrowest of the ascending widths holding longest (int32
-    []): a `lax.switch` over one branch per width, or the branch itself where there is one width.
-    The caller's longest comes from the drafts alone, so each row's verdict stays exact."""
-    if len(widths) == 1:
-        return branch(widths[0], *operands)
-    return jax.lax.switch(narrowest(widths, longest), [functools.partial(branch, n) for n in widths], *operands)
-
-
-def switched_caps(max_len: int, where) -> tuple[int, ...]:
-    """The widths a step picks its verification among per step (PLD's chain, CSD's block):
-    `compiled_caps` where the backend policy lets a step switch (CPU, TPU), else max_len alone.
-    On GPU a `lax.switch` reads its index back to the host before the branch launches, and with
-    the step's other launches that cost PLD on the embedded pair ~20% per step (H100: PLD "auto"
-    at 4.51 tokens per step ran 2.8x AR where L=8 ran 3.5x), while a wider verification is
-    nearly free there. where: the target's params (`ssd_jax.backend.policy_for`)."""
-    return compiled_caps(max_len) if policy_for(where).adaptive_switch_per_step else (max_len,)
-
-
-def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
-    """`pending` for parts whose missed tokens are already in their context (retrieval, CSD):
-    the buffer only bounds the plain phase. int32 [batch, width] zeros, int32 [batch] ones."""
-    return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
 def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, running: jax.Array,

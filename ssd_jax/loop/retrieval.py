@@ -24,7 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.loop.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
+from ssd_jax.loop.caps import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.loop.autoregressive import ARParts
 from ssd_jax.loop.emission import emitted_tokens
 from ssd_jax.loop.skeleton import DecodeState, Verdict
