@@ -176,6 +176,7 @@ class CascadeParts:
     # ------------------------------------------------------------ adaptive speculation's fallback
 
     drafts_with_model = False   # the loop's draft-forward cost is folded into the measured step
+    shadow_tree = None          # the drafters' proposals are not known during plain steps
 
     @property
     def draft_len(self) -> int:

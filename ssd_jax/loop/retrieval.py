@@ -221,6 +221,9 @@ class RetrievalParts:
                                              active.astype(jnp.int32))
         return verdict.replace(inner=dict(context=context, context_len=context_len, last_logits=logits))
 
+    # Plain steps learn from shadow walks of the draft (`shadow_tree`), not from scoring a model.
+    learns_while_plain = False
+
     def shadow_tree(self, inner) -> tuple[jax.Array, jax.Array, np.ndarray]:
         """The draft a speculative step would verify now, uncapped: (tokens int32 [B, N], valid
         bool [B, N], parents int [N]), for the loop's shadow evidence during plain decoding
@@ -234,6 +237,10 @@ class RetrievalParts:
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         return inner
+
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+        """Never called: retrieval does not learn while plain by scoring (`learns_while_plain`)."""
+        raise NotImplementedError("retrieval learns from shadow walks, not from scored_resync")
 
 
 def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int,

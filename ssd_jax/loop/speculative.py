@@ -284,6 +284,8 @@ class SpeculativeParts:
 
     # ------------------------------------------------------------ adaptive speculation's fallback
 
+    shadow_tree = None   # a draft model's proposals are not known during plain steps
+
     @property
     def learns_while_plain(self) -> bool:
         """Whether plain steps record their tokens' target probabilities for `scored_resync`: where
