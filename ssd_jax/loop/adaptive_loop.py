@@ -82,6 +82,7 @@ so the output law is the target's whatever they decide.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Callable
 
@@ -90,8 +91,11 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.backend import policy_for
+# compiled_caps, with_one and PENDING_WIDTH are re-exported for `ssd_jax.tuning` and the tests.
+from ssd_jax.loop.caps import PENDING_WIDTH, compiled_caps, narrowest, with_one  # noqa: F401
+from ssd_jax.loop.costs import NUM_COST_INPUTS, LoopCosts  # noqa: F401  (NUM_COST_INPUTS re-exported)
 from ssd_jax.loop.shadow import chain_counts, shadow_counts
-from ssd_jax.loop.skeleton import DecodeState, advance, fold_rows, paused, room_gated, start
+from ssd_jax.loop.skeleton import AdaptiveParts, DecodeState, Verdict, advance, fold_rows, paused, room_gated, start
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
@@ -178,66 +182,9 @@ PROBE_WITHIN = 0.1
 # text that retrieval copies: PLD on code at T=0 ran 0.94 of L=4 choosing every 4 steps, 1.00
 # every step.
 DECIDE_EVERY = 4
-# The most tokens a plain phase emits before the draft catches up (and the loop may probe).
-PENDING_WIDTH = 24
 # Plain steps between checks of whether speculation pays, on every backend (each check is a few
 # tens of small ops: at batch 8 on CPU, checking every plain step cost PLD's fallback ~3% of AR).
 PLAIN_BLOCK = 4
-
-
-def pending_width(plan) -> int:
-    """The parts' pending_width: PENDING_WIDTH under adaptive speculation (plan: an AutoPlan), else 0."""
-    return PENDING_WIDTH if plan is not None else 0
-
-
-def compiled_caps(max_len: int) -> tuple[int, ...]:
-    """The draft lengths a capped step's verification is compiled for: 2, 4, 8, ... below
-    max_len, then max_len (`lax.switch` picks the narrowest holding the step's drafts). On CPU a
-    verified token costs about as much as a draft forward, so verifying at the full width when
-    drafts stopped short loses ~8% per step; a width for every length measured no better (SD at
-    T=1 on two prompt sets: 1.19-1.29x AR, against 1.33-1.36x with powers of two)."""
-    caps, n = [], 2
-    while n < max_len:
-        caps.append(n)
-        n *= 2
-    return tuple(caps) + (max_len,)
-
-
-def with_one(caps: tuple[int, ...]) -> tuple[int, ...]:
-    """1 and the compiled caps above it: the caps a step runs at (a one-token draft is its own
-    program)."""
-    return (1,) + tuple(n for n in caps if n > 1)
-
-
-def narrowest(widths: tuple[int, ...], longest: jax.Array) -> jax.Array:
-    """The index (int32 []) of the narrowest of the ascending compiled widths holding longest
-    (int32 []; the last width when none does): the branch a `lax.switch` over widths takes."""
-    return jnp.sum(jnp.asarray(widths[:-1], jnp.int32) < longest).astype(jnp.int32)
-
-
-def at_narrowest(widths: tuple[int, ...], longest: jax.Array, branch: Callable, *operands):
-    """branch(n, *operands) for n the narrowest of the ascending widths holding longest (int32
-    []): a `lax.switch` over one branch per width, or the branch itself where there is one width.
-    The caller's longest comes from the drafts alone, so each row's verdict stays exact."""
-    if len(widths) == 1:
-        return branch(widths[0], *operands)
-    return jax.lax.switch(narrowest(widths, longest), [functools.partial(branch, n) for n in widths], *operands)
-
-
-def switched_caps(max_len: int, where) -> tuple[int, ...]:
-    """The widths a step picks its verification among per step (PLD's chain, CSD's block):
-    `compiled_caps` where the backend policy lets a step switch (CPU, TPU), else max_len alone.
-    On GPU a `lax.switch` reads its index back to the host before the branch launches, and with
-    the step's other launches that cost PLD on the embedded pair ~20% per step (H100: PLD "auto"
-    at 4.51 tokens per step ran 2.8x AR where L=8 ran 3.5x), while a wider verification is
-    nearly free there. where: the target's params (`ssd_jax.backend.policy_for`)."""
-    return compiled_caps(max_len) if policy_for(where).adaptive_switch_per_step else (max_len,)
-
-
-def unread_count_only(batch: int, width: int) -> tuple[jax.Array, jax.Array]:
-    """`pending` for parts whose missed tokens are already in their context (retrieval, CSD):
-    the buffer only bounds the plain phase. int32 [batch, width] zeros, int32 [batch] ones."""
-    return jnp.zeros((batch, width), jnp.int32), jnp.ones((batch,), jnp.int32)
 
 
 def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, running: jax.Array,
@@ -268,13 +215,6 @@ def cap_index(seconds: jax.Array, current: jax.Array, sticky: bool) -> jax.Array
     if sticky:
         index = jnp.where(seconds[current] * (1 - SWITCH_MARGIN) <= seconds[index], current, index)
     return jnp.asarray(index, jnp.int32)
-
-
-# Cost inputs, float32 [5] or [5 + L]: AR step, speculative step without draft forwards, one draft
-# forward, the prior acceptance, a forced cap (0: the loop chooses; > 0: every step speculates
-# with that cap, for calibration), then optionally the seconds of a step at each cap 1..L (0
-# where not measured: priced linearly from the first three).
-NUM_COST_INPUTS = 5
 
 
 @struct.dataclass
@@ -465,31 +405,528 @@ def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Arr
     return reached.astype(jnp.float32), hit.astype(jnp.float32)
 
 
-def run_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
-                 max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
-                 out_size: int, placement=None) -> DecodeState:
+# ----------------------------------------------------------------------------- the loop's setup
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+    """The adaptive loop's static setup for one program. parts: the method's `AdaptiveParts` (its
+    params traced inside); sampling; batch: the rows B; steps_per_check: steps between checks of
+    the loop's conditions and choices (the backend policy's `adaptive_steps_per_check`: on GPU each
+    check reads a predicate back to the host); dispatch: `parts.dispatch_caps(batch)`, the caps
+    compiled one step each and chosen once per run of steps (None: each step picks its width)."""
+
+    parts: AdaptiveParts
+    sampling: SamplingParams
+    batch: int
+    steps_per_check: int
+    dispatch: tuple[int, ...] | None
+
+    @classmethod
+    def make(cls, parts: AdaptiveParts, tparams: dict, sampling: SamplingParams, batch: int) -> "LoopConfig":
+        """The config of a loop over `parts` on the target params tparams (the backend policy's)."""
+        return cls(parts=parts, sampling=sampling, batch=batch, dispatch=parts.dispatch_caps(batch),
+                   steps_per_check=policy_for(tparams).adaptive_steps_per_check)
+
+    @property
+    def draft_len(self) -> int:
+        return self.parts.draft_len
+
+    @property
+    def takes_cap(self) -> bool:
+        return self.parts.takes_cap
+
+    @property
+    def priced(self) -> bool:
+        """Whether a longer cap costs more per step: draft forwards, or (capped parts without a
+        draft model) a wider verification, `LoopCosts.draft_forward` then being that cost per token."""
+        return self.parts.drafts_with_model or self.takes_cap
+
+    @property
+    def shadows(self) -> bool:
+        """Whether the drafts are point masses read off the context (retrieval), which plain steps
+        walk to measure the acceptance (`AdaptiveParts.shadow_tree`)."""
+        return self.parts.shadow_tree is not None
+
+    @property
+    def scored(self) -> bool:
+        """Whether the draft scores itself on the tokens plain steps drew when it catches up."""
+        return self.parts.learns_while_plain
+
+    @property
+    def measures_plain(self) -> bool:
+        """Whether the loop learns the acceptance while it decodes plainly (shadow walks or scoring
+        at the catch-up): such parts never probe."""
+        return self.shadows or self.scored
+
+    @property
+    def noise_allowance(self) -> float:
+        """Z, the fall back's allowance in standard errors, but none for retrieval: falling back
+        after a chance dip stops nothing from being measured, and the next plain block tells. A
+        draft model keeps it: its evidence comes only when the pending buffer is full."""
+        return 0.0 if self.shadows else Z
+
+    @property
+    def batch_caps_with_model(self) -> bool:
+        """Whether a batch of rows caps its drafts with a model (SD, BV and CSD at batch > 1)."""
+        return self.batch > 1 and self.takes_cap and not self.shadows
+
+    @property
+    def long_prior(self) -> float:
+        """The steps' worth of prior the long memory starts from (`BATCH_PRIOR_STEPS`)."""
+        return BATCH_PRIOR_STEPS if self.batch_caps_with_model else PRIOR_STEPS
+
+    @property
+    def separate_cap_memory(self) -> bool:
+        """Whether a memory of its own (CAP_DECAY) chooses the cap: a batch capping its drafts with
+        a model at T=0; elsewhere the long memory chooses it."""
+        return self.batch_caps_with_model and self.sampling.greedy
+
+    @property
+    def shaped(self) -> bool:
+        """Whether a row's estimates are pulled towards the batch's acceptance by position
+        (`position_shape`): draft models at batch > 1. Retrieval keeps the flat pooled target: its
+        first position also counts the rows whose lookup found nothing, and the shape made it cap
+        longer and fall back more."""
+        return self.batch > 1 and not self.shadows
+
+    @property
+    def row_pooling(self) -> float:
+        return RETRIEVAL_ROW_POOLING if self.shadows else ROW_POOLING
+
+    @property
+    def plain_block(self) -> int:
+        """Plain steps between checks of whether speculation pays."""
+        return max(self.steps_per_check, PLAIN_BLOCK)
+
+
+@struct.dataclass
+class LoopInputs:
+    """The adaptive loop's traced inputs, the same at every step, and what it derives from them
+    once on entry. keys uint32 [B, 2], max_new int32 [], eos_ids int32 [E]: as the skeleton's
+    `run`; pause_at int32 [] or None: as `resume_adaptive`'s; costs: `LoopCosts`; candidate bool
+    [L]: the caps the loop may choose, 1 and the compiled caps (a step verifies at the narrowest
+    compiled width holding its drafts, so a cap between two compiled ones costs the wider one's
+    step, which the linear price under-prices); forced bool []: costs.forced_cap > 0; positions
+    float32 [L]: 1..L; acceptance float32 []: costs.acceptance clipped to [0, 0.999];
+    prior_reached, prior_accepted float32 [B, L]: one step's worth of sums at that acceptance
+    (a^(k-1) and a^k at position k); zero int32 []."""
+
+    keys: jax.Array
+    max_new: jax.Array
+    eos_ids: jax.Array
+    pause_at: jax.Array | None
+    costs: LoopCosts
+    candidate: jax.Array
+    forced: jax.Array
+    positions: jax.Array
+    acceptance: jax.Array
+    prior_reached: jax.Array
+    prior_accepted: jax.Array
+    zero: jax.Array
+
+
+def loop_inputs(c: LoopConfig, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
+                pause_at: jax.Array | None) -> LoopInputs:
+    """The loop's `LoopInputs` from the cost vector float32 [NUM_COST_INPUTS (+ L)]
+    (`LoopCosts.from_vector`) and the rest as `resume_adaptive` takes them."""
+    L = c.draft_len
+    named = LoopCosts.from_vector(costs, L)
+    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(c.parts.verify_caps)))
+    forced = named.forced_cap > 0
+    positions = jnp.arange(1, L + 1, dtype=jnp.float32)
+    a = jnp.clip(named.acceptance, 0.0, 0.999)
+    prior_reached = jnp.broadcast_to(a ** (positions - 1), (c.batch, L))
+    prior_accepted = jnp.broadcast_to(a ** positions, (c.batch, L))
+    return LoopInputs(keys=keys, max_new=max_new, eos_ids=eos_ids, pause_at=pause_at, costs=named,
+                      candidate=candidate, forced=forced, positions=positions, acceptance=a,
+                      prior_reached=prior_reached, prior_accepted=prior_accepted, zero=jnp.zeros((), jnp.int32))
+
+
+def initial_state(c: LoopConfig, x: LoopInputs, state: DecodeState) -> AdaptiveState:
+    """The loop's state on entry from the skeleton's: the memories at the prior (PRIOR_STEPS'
+    worth; the long one and the cap's `LoopConfig.long_prior`), nothing pending but the draft's
+    chunk, no choice made yet."""
+    pending, pending_len = c.parts.pending(state.inner)
+    prior_reached, prior_accepted, long_prior, zero = x.prior_reached, x.prior_accepted, c.long_prior, x.zero
+    return AdaptiveState(
+        decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
+        long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
+        cap_reached=long_prior * prior_reached, cap_accepted=long_prior * prior_accepted,
+        long_steps=jnp.asarray(long_prior, jnp.float32), extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
+        forward_share=jnp.ones((), jnp.float32), spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
+        pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
+        cap=zero, pays=jnp.zeros((), bool), chosen=zero)
+
+
+def running(x: LoopInputs, s: AdaptiveState) -> jax.Array:
+    """bool []: whether the loop goes on (some row runs, and no pause: `paused`)."""
+    return ~paused(s.decode.outputs, x.pause_at)
+
+
+def fits(c: LoopConfig, s: AdaptiveState) -> jax.Array:
+    """bool []: whether every running row has room for a speculative step (`room_gated` parts: a
+    tree whose target cache has none past prompt + outputs; the rest always)."""
+    if not room_gated(c.parts):
+        return jnp.ones((), bool)
+    cache = s.decode.tcache
+    return jnp.all(s.decode.outputs.done | (cache.lengths + c.parts.room <= cache.capacity))
+
+
+# ------------------------------------------------------------------------ the loop's decisions
+
+
+def evidence(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> Evidence:
+    """The small part of s the choices read (`Evidence`): the cap's memory is the long one unless
+    it has its own (`LoopConfig.separate_cap_memory`)."""
+    outputs = s.decode.outputs
+    separate = c.separate_cap_memory
+    return Evidence(running=~outputs.done, remaining=x.max_new - outputs.num_out, reached=s.reached,
+                    accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
+                    cap_reached=s.cap_reached if separate else s.long_reached,
+                    cap_accepted=s.cap_accepted if separate else s.long_accepted,
+                    probe_reached=s.long_reached - s.extra_prior * x.prior_reached,
+                    forward_share=s.forward_share, chosen=s.chosen)
+
+
+def pooled(c: LoopConfig, x: LoopInputs, reached: jax.Array, accepted: jax.Array, running_rows: jax.Array):
+    """(reached, accepted, shape): per-row sums float32 [B, L], a row's own at batch 1, else pulled
+    towards the running rows' (bool [B]) mean row (`toward_batch`), with (draft models) the
+    batch's acceptance by position relative to its pooled one (`position_shape`; else None)."""
+    if c.batch == 1:
+        return reached, accepted, None
+    shape = position_shape(reached, accepted, running_rows, x.acceptance) if c.shaped else None
+    return *toward_batch(reached, accepted, running_rows, c.row_pooling), shape
+
+
+def step_costs(c: LoopConfig, x: LoopInputs, e: Evidence) -> jax.Array:
+    """Seconds of a speculative step by cap, float32 [L]: measured where the calibration timed the
+    cap's step, else spec_step plus the draft forwards that ran (the cap's l - 1 times the running
+    share, `AdaptiveState.forward_share`) at draft_forward each."""
+    costs = x.costs
+    forwards = e.forward_share * (x.positions - 1) if c.priced else 0 * x.positions
+    linear = costs.spec_step + forwards * costs.draft_forward
+    return linear if costs.cap_seconds is None else jnp.where(costs.cap_seconds > 0, costs.cap_seconds, linear)
+
+
+def pays_at(c: LoopConfig, x: LoopInputs, e: Evidence, index: jax.Array, cost: jax.Array) -> jax.Array:
+    """bool []: whether speculating at cap index + 1 (int32 []) pays, at step costs cost float32
+    [L], from the short memory: the steps the batch needs times their cost against plain steps,
+    each row's E raised by `noise_allowance` standard errors (with (1 + DECAY) R_1 the decayed
+    sums' effective number of steps), so a chance dip of a few steps does not stop speculation
+    that pays on average. Always under a forced cap."""
+    reached, accepted, shape = pooled(c, x, e.reached, e.accepted, e.running)
+    mean, sd = within_remaining(*tokens_moments(reached, accepted, x.acceptance, shape=shape), e.remaining)
+    mean, sd = mean[:, index], sd[:, index]
+    samples = jnp.maximum((1 + DECAY) * e.reached[:, 0], 1.0)
+    steps = batch_steps(mean + c.noise_allowance * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
+    plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
+    return x.forced | (steps * cost[index] <= plain_steps * x.costs.ar_step)
+
+
+def best_cap_index(c: LoopConfig, x: LoopInputs, e: Evidence, cost: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(best, index) int32 []: the cap index finishing the batch soonest at step costs cost float32
+    [L] (`cap_index`; zero costs under forced inputs: the longest), from the cap's memory, and the
+    one to run: best, or where caps are dispatched at batch > 1 the next one up (`probe_up`). At
+    batch 1 the positions past the current cap, which its steps never reach, are raised by EXPLORE
+    standard errors; the ones it reaches are measured every step."""
+    L = c.draft_len
+    reached, accepted, shape = pooled(c, x, e.cap_reached, e.cap_accepted, e.running)
+    unreached = jnp.arange(1, L + 1) > e.chosen + 1
+    optimism = EXPLORE * unreached.astype(jnp.float32) if c.batch == 1 else 0.0
+    mean, sd = within_remaining(*tokens_moments(reached, accepted, x.acceptance, optimism=optimism, shape=shape),
+                                e.remaining)
+    seconds = jnp.where(x.candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
+    best = cap_index(seconds, e.chosen, sticky=c.dispatch is not None)
+    probes = c.dispatch is not None and c.batch > 1
+    index = probe_up(best, x.candidate, e.probe_reached, e.running, seconds) if probes else best
+    return best, index
+
+
+def choose(c: LoopConfig, x: LoopInputs, e: Evidence) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(cap int32 [], pays bool [], chosen int32 []): the cap (from the cap's memory: per-position
+    estimates from a few steps are too noisy to pick a length with; parts that take no cap: L),
+    whether speculation pays, judged at the best cap, not at a probe's (from the short memory),
+    and the chosen cap's index. Under a forced cap, that cap."""
+    cost = step_costs(c, x, e)
+    if c.takes_cap:
+        best, index = best_cap_index(c, x, e, cost)
+    else:
+        best = index = jnp.asarray(c.draft_len - 1, jnp.int32)
+    cap = jnp.where(x.forced, jnp.minimum(x.costs.forced_cap, c.draft_len).astype(jnp.int32), index + 1)
+    return cap, pays_at(c, x, e, best, cost), index
+
+
+def decide(c: LoopConfig, x: LoopInputs, s: AdaptiveState, due: jax.Array | None = None) -> AdaptiveState:
+    """s with its cap and whether it pays (`choose`), or where due (bool []) is False, s as it is.
+    The `lax.cond` takes only the small `Evidence`: over s it would copy the KV caches."""
+    if due is None:
+        cap, pays, chosen = choose(c, x, evidence(c, x, s))
+    else:
+        cap, pays, chosen = jax.lax.cond(due, functools.partial(choose, c, x), lambda e: (s.cap, s.pays, s.chosen),
+                                         evidence(c, x, s))
+    return s.replace(cap=cap, pays=pays, chosen=chosen)
+
+
+def recheck(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
+    """s with whether speculating pays at the last chosen cap: during plain steps the long memory,
+    hence the cap, stays as it was, and a full `decide` per plain block costs more than it tells."""
+    e = evidence(c, x, s)
+    return s.replace(pays=pays_at(c, x, e, s.chosen, step_costs(c, x, e)))
+
+
+def learn(c: LoopConfig, s: AdaptiveState, reached: jax.Array, hit: jax.Array,
+          steps: jax.Array | None = None) -> AdaptiveState:
+    """s with the memories updated by per-position counts float32 [B, L] worth `steps` float32 [B]
+    speculative steps (None: one), the memories decayed once per step."""
+    if steps is None:
+        short, long, cap, weight = DECAY, LONG_DECAY, CAP_DECAY, 1.0
+    else:
+        short, long, cap, weight = (DECAY ** steps[:, None], LONG_DECAY ** steps[:, None],
+                                    CAP_DECAY ** steps[:, None], jnp.max(steps))
+    if c.separate_cap_memory:
+        s = s.replace(cap_reached=cap * s.cap_reached + reached, cap_accepted=cap * s.cap_accepted + hit)
+    return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
+                     long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
+                     long_steps=LONG_DECAY ** weight * s.long_steps + weight,
+                     extra_prior=LONG_DECAY ** weight * s.extra_prior)
+
+
+# --------------------------------------------------------------------------- the loop's steps
+
+
+def forward_share(c: LoopConfig, s: AdaptiveState, verdict: Verdict) -> jax.Array:
+    """float32 []: the running share of the cap's cap - 1 draft forwards a step ran (the early stop
+    ends drafts sooner), updated by verdict's `draft_forwards` (kept where a step reports none)."""
+    if verdict.draft_forwards is None or c.draft_len == 1:
+        return s.forward_share
+    ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(s.cap - 1, 1).astype(jnp.float32)
+    return jnp.where(s.cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
+
+
+def speculative_step(c: LoopConfig, x: LoopInputs, s: AdaptiveState, width: int | None = None) -> AdaptiveState:
+    """One speculative step at the state's cap (parts that take one; width: the dispatched
+    compiled cap, None: chosen per step), its tokens emitted and its counts learnt."""
+    parts, d = c.parts, s.decode
+    active = ~d.outputs.done
+    cap = s.cap
+    step_keys = fold_rows(x.keys, d.step)
+    if not c.takes_cap:
+        verdict = parts.step(d, step_keys, active)
+    elif width is None:
+        verdict = parts.step(d, step_keys, active, cap=cap)
+    else:
+        verdict = parts.step(d, step_keys, active, cap=cap, width=width)
+    d = advance(parts, d, verdict, active, x.max_new, x.eos_ids, drafted=True)
+    d = d.replace(counters=d.counters.record_cap(cap if c.takes_cap else jnp.asarray(c.draft_len, jnp.int32)))
+    reached, hit = position_counts(verdict, active, c.draft_len)
+    share = forward_share(c, s, verdict)
+    return learn(c, s.replace(decode=d, spec_steps=s.spec_steps + 1, forward_share=share), reached, hit)
+
+
+def plain_step(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
+    """One plain step (the target alone): its token emitted and appended to the pending buffer
+    (with its target probability where the draft will score itself on it). Where nothing is
+    measured while plain, the short memory moves towards the long one's per-step means at the
+    speculative pace, so the loop probes again once they meet."""
+    d = s.decode
+    active = ~d.outputs.done
+    verdict = c.parts.ar_step(d, fold_rows(x.keys, d.step), active)
+    d = advance(c.parts, d, verdict, active, x.max_new, x.eos_ids, drafted=False)
+    rows = jnp.arange(s.pending.shape[0])
+    slot = jnp.where(active, s.pending_len, s.pending.shape[1])
+    pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
+    s = s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32))
+    if c.scored:
+        s = s.replace(pending_law=s.pending_law.at[rows, slot].set(verdict.token_law, mode="drop"))
+    if c.measures_plain:
+        return s
+    return s.replace(reached=DECAY * s.reached + s.long_reached / s.long_steps,
+                     accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
+
+
+def repeated(step: Callable, s: AdaptiveState, count: int) -> AdaptiveState:
+    """`count` steps of `step` with no check between them: a loop whose trip count is static,
+    which XLA:GPU runs without reading a predicate back to the host."""
+    if count == 1:
+        return step(s)
+    return jax.lax.fori_loop(0, count, lambda _, s: step(s), s)
+
+
+def speculative(c: LoopConfig, x: LoopInputs, s: AdaptiveState, width: int | None = None,
+                count: int | None = None) -> AdaptiveState:
+    """`count` speculative steps (None: a check's `steps_per_check`), then the choice of cap and
+    whether speculation pays: after every block, or where the loop checks every step and dispatches
+    its caps per run, after a phase's first step (a probe is judged on it) and every DECIDE_EVERY-th
+    (the choice is many small ops, and a dispatched cap changes seldom)."""
+    s = repeated(functools.partial(speculative_step, c, x, width=width), s,
+                 c.steps_per_check if count is None else count)
+    if c.steps_per_check > 1 or DECIDE_EVERY == 1 or c.dispatch is None:
+        return decide(c, x, s)
+    return decide(c, x, s, due=(s.spec_steps - 1) % DECIDE_EVERY == 0)
+
+
+def room_for_a_block(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> jax.Array:
+    """bool []: whether the running row with the most tokens left cannot finish inside a block of
+    `steps_per_check` speculative steps at the current cap (the rest of its steps would run idle)."""
+    outputs = s.decode.outputs
+    left = jnp.max(jnp.where(outputs.done, 0, x.max_new - outputs.num_out))
+    return left > (c.steps_per_check - 1) * (s.cap + 1)
+
+
+def speculative_run(c: LoopConfig, x: LoopInputs, loop_while: Callable, s: AdaptiveState,
+                    width: int | None = None) -> AdaptiveState:
+    """Speculative steps while loop_while(s). Where checks come every few steps (GPU), a phase's
+    first step runs alone and is decided on, as every backend decides after a phase's first step
+    (a call's first cap comes from the prior, and a block there would weigh several steps before
+    any choice), and the call's tail runs one step at a time once the running row with the most
+    tokens left could finish inside a block (`room_for_a_block`). Each costs a read back per turn,
+    for a few steps a call."""
+    step = functools.partial(speculative, c, x, width=width)
+    if c.steps_per_check == 1:
+        return jax.lax.while_loop(loop_while, step, s)
+    single = functools.partial(speculative, c, x, width=width, count=1)
+    s = jax.lax.while_loop(lambda s: loop_while(s) & (s.spec_steps == 0), single, s)
+    s = jax.lax.while_loop(lambda s: loop_while(s) & room_for_a_block(c, x, s), step, s)
+    return jax.lax.while_loop(loop_while, single, s)
+
+
+def plain(c: LoopConfig, x: LoopInputs, s: AdaptiveState, count: int) -> AdaptiveState:
+    """A block of `count` plain steps, then what it teaches: nothing before the draft's scored
+    catch-up (`scored` parts); for retrieval, the draft a speculative step would have verified at
+    the block's start walked with the block's tokens (one speculative step's worth of evidence per
+    block, `ssd_jax.loop.shadow`), then a new choice; else whether speculation pays now."""
+    if c.scored:
+        return repeated(functools.partial(plain_step, c, x), s, count)
+    if not c.shadows:
+        return recheck(c, x, repeated(functools.partial(plain_step, c, x), s, count))
+    tree_tokens, valid, parents = c.parts.shadow_tree(s.decode.inner)
+    start_len = s.pending_len
+    s = repeated(functools.partial(plain_step, c, x), s, count)
+    slots = jnp.minimum(start_len[:, None] + jnp.arange(count)[None, :], s.pending.shape[1] - 1)
+    emitted = jnp.take_along_axis(s.pending, slots, axis=1)
+    counts = shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, c.draft_len)
+    return decide(c, x, learn(c, s, *counts))
+
+
+def plain_blocks(c: LoopConfig, x: LoopInputs, s: AdaptiveState, count: int) -> AdaptiveState:
+    """Blocks of `count` plain steps while speculation does not pay (or a tree lacks room), the
+    block fits in the pending buffer and (blocks longer than a check's) before any running row
+    would finish inside it."""
+    room = s.pending.shape[1] - count
+
+    def more(s: AdaptiveState) -> jax.Array:
+        go = running(x, s) & (~s.pays | ~fits(c, s)) & (jnp.max(s.pending_len) <= room)
+        if count > c.steps_per_check:
+            outputs = s.decode.outputs
+            go &= jnp.min(jnp.where(outputs.done, count, x.max_new - outputs.num_out)) >= count
+        return go
+
+    return jax.lax.while_loop(more, functools.partial(plain, c, x, count=count), s)
+
+
+# -------------------------------------------------------------------------- the loop's phases
+
+
+def speculating(c: LoopConfig, x: LoopInputs, probe: jax.Array, s: AdaptiveState) -> jax.Array:
+    """bool []: whether the next step speculates: some row runs, every row has room, and the
+    choice says it pays or (probe) the phase has not yet run its probe."""
+    return running(x, s) & fits(c, s) & ((probe & (s.spec_steps == 0)) | s.pays)
+
+
+def at_dispatched_width(c: LoopConfig, x: LoopInputs, loop_while: Callable, i: int,
+                        s: AdaptiveState) -> AdaptiveState:
+    """Speculative steps compiled at the i-th dispatched cap while loop_while(s) and the chosen
+    cap's narrowest dispatched width is that one."""
+    def here(s: AdaptiveState) -> jax.Array:
+        return loop_while(s) & (narrowest(c.dispatch, s.cap) == i)
+
+    return speculative_run(c, x, here, s, width=c.dispatch[i])
+
+
+def speculative_phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState, probe: jax.Array) -> AdaptiveState:
+    """The phase's speculative steps while they pay (probe bool []: at least one, a probe). Parts
+    that dispatch their caps get them chosen once per run of steps at the same cap (a `lax.switch`
+    around a `while_loop`), not per step: a switch per step passes the KV caches through a
+    conditional, which XLA:CPU copies, while the cap changes seldom."""
+    loop_while = functools.partial(speculating, c, x, probe)
+    s = s.replace(spec_steps=x.zero)
+    if c.dispatch is None:
+        return speculative_run(c, x, loop_while, s)
+    runs = [functools.partial(at_dispatched_width, c, x, loop_while, i) for i in range(len(c.dispatch))]
+    return jax.lax.while_loop(loop_while, lambda s: jax.lax.switch(narrowest(c.dispatch, s.cap), runs, s), s)
+
+
+def after_speculation(c: LoopConfig, x: LoopInputs, s: AdaptiveState, probe: jax.Array) -> AdaptiveState:
+    """s after the phase's speculative steps: a probe that did not pay doubles the phases until
+    the next one (up to MAX_BACKOFF), any speculation that paid resets it; the pending buffer
+    starts from the draft's unread tokens."""
+    failed = probe & (s.spec_steps == 1)
+    if x.pause_at is not None:   # a probe that paid, stopped by a pause, did not fail
+        failed &= ~s.pays | ~paused(s.decode.outputs, x.pause_at)
+    backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF), jnp.where(s.spec_steps > 0, 1, s.backoff))
+    wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
+    s = s.replace(backoff=backoff, wait=wait)
+    pending, pending_len = c.parts.pending(s.decode.inner)
+    return s.replace(pending=pending, pending_len=pending_len, pending_law=jnp.zeros_like(s.pending_law))
+
+
+def catch_up(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
+    """The draft reads the tokens it missed (`resync`). Parts that score it there learn from
+    every token a plain step drew as a speculative step starting there, each worth 1 / PLAIN_BLOCK
+    steps (as much evidence per plain token as retrieval's shadow walks), then choose again."""
+    parts = c.parts
+    if not c.scored:
+        return s.replace(decode=s.decode.replace(inner=parts.resync(s.decode.inner, s.pending, s.pending_len)))
+    inner, acceptance, known = parts.scored_resync(s.decode.inner, s.pending, s.pending_len, s.pending_law)
+    reached, hit, steps = chain_counts(acceptance, known, c.draft_len)
+    s = learn(c, s.replace(decode=s.decode.replace(inner=inner)), reached / PLAIN_BLOCK, hit / PLAIN_BLOCK,
+              steps / PLAIN_BLOCK)
+    return decide(c, x, s)
+
+
+def phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
+    """One turn of the loop: speculative steps while they pay (at least one, a probe, once the
+    backoff's wait is over, unless the loop measures while plain), plain blocks while they do not
+    (single check blocks near the end of the call and to fill the pending buffer), then the draft
+    reads what it missed."""
+    probe = (s.wait <= 0) & (not c.measures_plain)
+    s = speculative_phase(c, x, s, probe)
+    s = after_speculation(c, x, s, probe)
+    s = plain_blocks(c, x, s, c.plain_block)
+    if c.plain_block > c.steps_per_check:
+        s = plain_blocks(c, x, s, c.steps_per_check)
+    return catch_up(c, x, s)
+
+
+# ------------------------------------------------------------------------------- entry points
+
+
+def run_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                 keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                 sampling: SamplingParams, out_size: int, placement=None) -> DecodeState:
     """`ssd_jax.loop.skeleton.run` with the per-step cap and the fallback to plain decoding.
     parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS (+ L)] (`ssd_jax.tuning.adaptive.loop_inputs`). Returns the final DecodeState."""
+    float32 [NUM_COST_INPUTS (+ L)] (`LoopCosts.from_vector`). Returns the final DecodeState."""
     state = begin_adaptive(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, costs, sampling=sampling,
                            out_size=out_size, placement=placement)
     return resume_adaptive(parts, tparams, keys, max_new, eos_ids, costs, state, sampling=sampling).decode
 
 
-def begin_adaptive(parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
-                   max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *, sampling: SamplingParams,
-                   out_size: int, placement=None) -> AdaptiveState:
+def begin_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                   keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                   sampling: SamplingParams, out_size: int, placement=None) -> AdaptiveState:
     """Prefill, the first token and the adaptive loop's state on entry (its memories at the prior,
     the first choice made): `run_adaptive`'s arguments, no step taken."""
     state = start(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, sampling=sampling,
                   out_size=out_size, placement=placement)
-    initial, _ = _loop_functions(parts, tparams, keys, max_new, eos_ids, costs, sampling=sampling,
-                                 batch=tokens.shape[0], pause_at=None)
-    return initial(state)
+    c = LoopConfig.make(parts, tparams, sampling, tokens.shape[0])
+    x = loop_inputs(c, keys, max_new, eos_ids, costs, pause_at=None)
+    return decide(c, x, initial_state(c, x, state))
 
 
-def resume_adaptive(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
-                    state: AdaptiveState, pause_at: jax.Array | None = None, *,
+def resume_adaptive(parts: AdaptiveParts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
+                    costs: jax.Array, state: AdaptiveState, pause_at: jax.Array | None = None, *,
                     sampling: SamplingParams) -> AdaptiveState:
     """The adaptive loop from `state` (`begin_adaptive`'s, or a paused one) until every row is
     done, or where pause_at (int32 []) is given, until every row is done or holds pause_at tokens
@@ -497,335 +934,6 @@ def resume_adaptive(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, e
     reads the tokens it missed), and a later call goes on from the state returned. A pause changes
     the loop's later choices, never what they may depend on: the output law stays the target's
     (at T=0 the tokens are the same)."""
-    _, loop = _loop_functions(parts, tparams, keys, max_new, eos_ids, costs, sampling=sampling,
-                              batch=state.decode.cur.shape[0], pause_at=pause_at)
-    return loop(state)
-
-
-def _loop_functions(parts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
-                    *, sampling: SamplingParams, batch: int, pause_at: jax.Array | None):
-    """(initial, loop): initial(DecodeState on entry) -> AdaptiveState, the memories at the prior and
-    the first choice made; loop(AdaptiveState) -> AdaptiveState, the loop's phases until `paused`."""
-    costs = costs.astype(jnp.float32)
-    c_ar, c_spec, c_draft, prior_acceptance, forced_cap = (costs[i] for i in range(NUM_COST_INPUTS))
-    L = parts.draft_len
-    # Seconds of a step by cap 1..L where measured (0: not), when the inputs carry them.
-    cap_seconds = costs[NUM_COST_INPUTS:NUM_COST_INPUTS + L] if costs.shape[0] >= NUM_COST_INPUTS + L else None
-    takes_cap = getattr(parts, "takes_cap", False)
-    # Whether a longer cap costs more per step: draft forwards, or (capped retrieval) a wider
-    # verification; c_draft is then that cost per drafted token.
-    priced = parts.drafts_with_model or takes_cap
-    # A step's verification runs at the narrowest compiled width holding its drafts, so a cap
-    # between two compiled caps verifies at the wider one's cost: only 1 and the compiled caps
-    # are chosen (the linear cost below is right at those, and under-prices the caps between).
-    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(getattr(parts, "verify_caps", (L,)))))
-    forced = forced_cap > 0
-    lengths_1_to_L = jnp.arange(1, L + 1, dtype=jnp.float32)
-    a = jnp.clip(prior_acceptance, 0.0, 0.999)
-    prior_reached = jnp.broadcast_to(a ** (lengths_1_to_L - 1), (batch, L))
-    prior_accepted = jnp.broadcast_to(a ** lengths_1_to_L, (batch, L))
-    # Retrieval's drafts (point masses read off the context) have a `shadow_tree` (below).
-    shadow = getattr(parts, "shadow_tree", None)
-    long_prior = BATCH_PRIOR_STEPS if batch > 1 and takes_cap and shadow is None else PRIOR_STEPS
-    separate_cap_memory = batch > 1 and takes_cap and shadow is None and sampling.greedy
-    zero = jnp.zeros((), jnp.int32)
-
-    def initial_state(state: DecodeState) -> AdaptiveState:
-        pending, pending_len = parts.pending(state.inner)
-        return AdaptiveState(
-            decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
-            long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
-            cap_reached=long_prior * prior_reached, cap_accepted=long_prior * prior_accepted,
-            long_steps=jnp.asarray(long_prior, jnp.float32), extra_prior=jnp.asarray(long_prior - PRIOR_STEPS, jnp.float32),
-            forward_share=jnp.ones((), jnp.float32), spec_steps=zero, wait=zero, backoff=jnp.ones((), jnp.int32),
-            pending=pending, pending_len=pending_len, pending_law=jnp.zeros(pending.shape, jnp.float32),
-            cap=zero, pays=jnp.zeros((), bool), chosen=zero)
-
-    def running(s: AdaptiveState):
-        return ~paused(s.decode.outputs, pause_at)
-
-    def fits(s: AdaptiveState) -> jax.Array:
-        """Whether every running row has room for a speculative step (`room_gated` parts: a tree
-        whose target cache has none past prompt + outputs; the rest always)."""
-        if not room_gated(parts):
-            return jnp.ones((), bool)
-        cache = s.decode.tcache
-        return jnp.all(s.decode.outputs.done | (cache.lengths + parts.room <= cache.capacity))
-
-    # Retrieval keeps the flat pooled target: its first position also counts the rows whose lookup
-    # found nothing, and with the shape PLD at batch 8 on code at T=0 capped longer and fell back
-    # more (mean draft 2.03 against 1.05, 76% of the steps plain against 47%: 0.97x AR, not 1.03x).
-    shaped = batch > 1 and shadow is None
-    row_pooling = ROW_POOLING if shadow is None else RETRIEVAL_ROW_POOLING
-
-    def pooled(reached, accepted, running_rows):
-        """(sums, sums, shape): a row's own, or pulled towards the batch's, with (draft models)
-        the batch's acceptance by position relative to its pooled one (`position_shape`)."""
-        if batch == 1:
-            return reached, accepted, None
-        shape = position_shape(reached, accepted, running_rows, a) if shaped else None
-        return *toward_batch(reached, accepted, running_rows, row_pooling), shape
-
-    def evidence(s: AdaptiveState) -> Evidence:
-        outputs = s.decode.outputs
-        return Evidence(running=~outputs.done, remaining=max_new - outputs.num_out, reached=s.reached,
-                        accepted=s.accepted, long_reached=s.long_reached, long_accepted=s.long_accepted,
-                        cap_reached=s.cap_reached if separate_cap_memory else s.long_reached,
-                        cap_accepted=s.cap_accepted if separate_cap_memory else s.long_accepted,
-                        probe_reached=s.long_reached - s.extra_prior * prior_reached,
-                        forward_share=s.forward_share, chosen=s.chosen)
-
-    def step_costs(e: Evidence) -> jax.Array:
-        """Seconds of a speculative step by cap, float32 [L]: measured where the calibration
-        timed the cap's step, else linear in the draft forwards that ran."""
-        forwards = e.forward_share * (lengths_1_to_L - 1) if priced else 0 * lengths_1_to_L
-        linear = c_spec + forwards * c_draft
-        return linear if cap_seconds is None else jnp.where(cap_seconds > 0, cap_seconds, linear)
-
-    # Parts whose drafts are retrieval's point masses (`shadow_tree`) learn their acceptance during
-    # plain steps too (`ssd_jax.loop.shadow`), after every block; parts whose draft model scores
-    # the tokens plain steps drew when it reads them (`learns_while_plain`), at every resync. Both
-    # never probe. Retrieval needs no noise allowance: falling back after a chance dip stops nothing
-    # from being measured, and the next block tells (LogitSpec at batch 8 on CPU, T=0: 0.93-1.15x
-    # AR without it, 0.91-1.07x with it; a tree step costs 2-3 plain steps). A draft model keeps
-    # it: its evidence comes only when the pending buffer is full, up to PENDING_WIDTH tokens later.
-    scored = getattr(parts, "learns_while_plain", False)
-    measures_plain = shadow is not None or scored
-    z_noise = 0.0 if shadow is not None else Z
-
-    def pays_at(e: Evidence, index: jax.Array, cost: jax.Array) -> jax.Array:
-        """Whether speculating at cap index + 1 pays, from the short memory: unless its E is
-        below the break-even by more than its noise, Z standard errors, with (1 + DECAY) R_1
-        the decayed sums' effective number of steps."""
-        reached, accepted, shape = pooled(e.reached, e.accepted, e.running)
-        mean, sd = within_remaining(*tokens_moments(reached, accepted, a, shape=shape), e.remaining)
-        mean, sd = mean[:, index], sd[:, index]
-        samples = jnp.maximum((1 + DECAY) * e.reached[:, 0], 1.0)
-        steps = batch_steps(mean + z_noise * sd / jnp.sqrt(samples), sd, e.remaining, e.running)
-        plain_steps = jnp.max(jnp.where(e.running, e.remaining, 0)).astype(jnp.float32)
-        return forced | (steps * cost[index] <= plain_steps * c_ar)
-
-    # Parts that compile one step per cap (`dispatch_caps`: SD and BV, and CSD and PLD at batch > 1) get it
-    # chosen once per run of steps at the same cap (a `lax.switch` around a `while_loop`), not per
-    # step: a switch per step cost ~1 ms per step at batch 8 on CPU (8%), while the cap changes
-    # every few tens.
-    dispatch = getattr(parts, "dispatch_caps", lambda batch: None)(batch)
-
-    def choose(e: Evidence) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(cap int32 [], pays bool [], chosen int32 []): the cap (from the long memory:
-        per-position estimates from a few steps are too noisy to pick a length with) and whether
-        it pays (from the short memory)."""
-        cost = step_costs(e)
-        if takes_cap:
-            # Seconds to finish the batch by cap, the fastest chosen (`cap_index`; zero costs,
-            # under forced inputs: the longest).
-            reached, accepted, shape = pooled(e.cap_reached, e.cap_accepted, e.running)
-            # At batch 1 the positions past the current cap, which its steps never reach, are
-            # raised by EXPLORE standard errors; the ones it reaches are measured every step.
-            unreached = jnp.arange(1, L + 1) > e.chosen + 1
-            optimism = EXPLORE * unreached.astype(jnp.float32) if batch == 1 else 0.0
-            mean, sd = within_remaining(*tokens_moments(reached, accepted, a, optimism=optimism, shape=shape),
-                                        e.remaining)
-            seconds = jnp.where(candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
-            best = cap_index(seconds, e.chosen, sticky=dispatch is not None)
-            # Whether speculation pays is judged at the best cap, not at a probe's.
-            probes = dispatch is not None and batch > 1
-            index = probe_up(best, candidate, e.probe_reached, e.running, seconds) if probes else best
-        else:
-            best = index = jnp.asarray(L - 1, jnp.int32)
-        cap = jnp.where(forced, jnp.minimum(forced_cap, L).astype(jnp.int32), index + 1)
-        return cap, pays_at(e, best, cost), index
-
-    def decide(s: AdaptiveState, due: jax.Array | None = None) -> AdaptiveState:
-        """s with its cap and whether it pays (`choose`), or where due (bool []) is False, s as it
-        is. The `lax.cond` takes only the small `Evidence`: over s it would copy the KV caches."""
-        if due is None:
-            cap, pays, chosen = choose(evidence(s))
-        else:
-            cap, pays, chosen = jax.lax.cond(due, choose, lambda e: (s.cap, s.pays, s.chosen), evidence(s))
-        return s.replace(cap=cap, pays=pays, chosen=chosen)
-
-    def recheck(s: AdaptiveState) -> AdaptiveState:
-        """s with whether speculating pays at the last chosen cap: during plain steps the long
-        memory, hence the cap, stays as it was, and a full `decide` per plain step cost PLD's
-        fall back ~5% of the plain decoding it runs at batch 8 on CPU."""
-        e = evidence(s)
-        return s.replace(pays=pays_at(e, s.chosen, step_costs(e)))
-
-    # Steps between checks of the loop's conditions and choices (the backend's; see
-    # `ssd_jax.backend`): on GPU every check reads a predicate back to the host and launches the
-    # cost model's small kernels (H100, embedded pair: checks every 4 steps took PLD's plain
-    # fallback from 0.74x to 0.80x AR, SD "auto" at batch 8 from 0.91x to 0.99x).
-    steps_per_check = policy_for(tparams).adaptive_steps_per_check
-    plain_block = max(steps_per_check, PLAIN_BLOCK)
-
-    def learn(s: AdaptiveState, reached: jax.Array, hit: jax.Array, steps: jax.Array | None = None) -> AdaptiveState:
-        """s with the memories updated by per-position counts float32 [B, L] worth `steps`
-        float32 [B] speculative steps (None: one), the memories decayed once per step."""
-        if steps is None:
-            short, long, cap, weight = DECAY, LONG_DECAY, CAP_DECAY, 1.0
-        else:
-            short, long, cap, weight = (DECAY ** steps[:, None], LONG_DECAY ** steps[:, None],
-                                        CAP_DECAY ** steps[:, None], jnp.max(steps))
-        if separate_cap_memory:
-            s = s.replace(cap_reached=cap * s.cap_reached + reached, cap_accepted=cap * s.cap_accepted + hit)
-        return s.replace(reached=short * s.reached + reached, accepted=short * s.accepted + hit,
-                         long_reached=long * s.long_reached + reached, long_accepted=long * s.long_accepted + hit,
-                         long_steps=LONG_DECAY ** weight * s.long_steps + weight,
-                         extra_prior=LONG_DECAY ** weight * s.extra_prior)
-
-    def speculative_step(s: AdaptiveState, width: int | None = None) -> AdaptiveState:
-        d = s.decode
-        active = ~d.outputs.done
-        cap = s.cap
-        step_keys = fold_rows(keys, d.step)
-        if not takes_cap:
-            verdict = parts.step(d, step_keys, active)
-        elif width is None:
-            verdict = parts.step(d, step_keys, active, cap=cap)
-        else:
-            verdict = parts.step(d, step_keys, active, cap=cap, width=width)
-        d = advance(parts, d, verdict, active, max_new, eos_ids, drafted=True)
-        d = d.replace(counters=d.counters.record_cap(cap if takes_cap else jnp.asarray(L, jnp.int32)))
-        reached, hit = position_counts(verdict, active, L)
-        if verdict.draft_forwards is None or L == 1:
-            share = s.forward_share
-        else:
-            ran = verdict.draft_forwards.astype(jnp.float32) / jnp.maximum(cap - 1, 1).astype(jnp.float32)
-            share = jnp.where(cap > 1, DECAY * s.forward_share + (1 - DECAY) * ran, s.forward_share)
-        return learn(s.replace(decode=d, spec_steps=s.spec_steps + 1, forward_share=share), reached, hit)
-
-    def plain_step(s: AdaptiveState) -> AdaptiveState:
-        d = s.decode
-        active = ~d.outputs.done
-        verdict = parts.ar_step(d, fold_rows(keys, d.step), active)
-        d = advance(parts, d, verdict, active, max_new, eos_ids, drafted=False)
-        rows = jnp.arange(s.pending.shape[0])
-        slot = jnp.where(active, s.pending_len, s.pending.shape[1])
-        pending = s.pending.at[rows, slot].set(verdict.next_token, mode="drop")
-        s = s.replace(decode=d, pending=pending, pending_len=s.pending_len + active.astype(jnp.int32))
-        if scored:
-            s = s.replace(pending_law=s.pending_law.at[rows, slot].set(verdict.token_law, mode="drop"))
-        if measures_plain:
-            return s
-        # The short memory moves towards the long one's per-step means at the speculative pace.
-        return s.replace(reached=DECAY * s.reached + s.long_reached / s.long_steps,
-                         accepted=DECAY * s.accepted + s.long_accepted / s.long_steps)
-
-    def repeated(step, s: AdaptiveState, count: int = steps_per_check) -> AdaptiveState:
-        """`count` steps of `step` with no check between them: a loop whose trip count is
-        static, which XLA:GPU runs without reading a predicate back to the host."""
-        if count == 1:
-            return step(s)
-        return jax.lax.fori_loop(0, count, lambda _, s: step(s), s)
-
-    def speculative(s: AdaptiveState, width: int | None = None, count: int = steps_per_check) -> AdaptiveState:
-        s = repeated(functools.partial(speculative_step, width=width), s, count)
-        if steps_per_check > 1 or DECIDE_EVERY == 1 or dispatch is None:
-            return decide(s)
-        # After a phase's first step (a probe is judged on it) and every DECIDE_EVERY-th after.
-        return decide(s, due=(s.spec_steps - 1) % DECIDE_EVERY == 0)
-
-    def speculative_run(loop_while: Callable, s: AdaptiveState, width: int | None = None) -> AdaptiveState:
-        """Speculative steps while loop_while(s). Where checks come every few steps (GPU), a
-        phase's first step runs alone and is decided on, as every backend decides after a phase's
-        first step: a call's first cap comes from the prior, and a block of 4 steps there weighed 4
-        steps' evidence before any choice (on short prompts, whose first steps accept little, SD at
-        batch 1 left the prior's cap 8 for cap 2 and stayed: H100 prices replayed on CPU, 0.92-0.93
-        of fixed L=4). And the call's tail runs one step at a time once the running row with the
-        most tokens left could finish inside a block (the rest of whose steps would run idle: 16 of
-        257 steps over 8 short prompts). Each costs a read back per turn, for a few steps a call."""
-        step = functools.partial(speculative, width=width)
-        if steps_per_check == 1:
-            return jax.lax.while_loop(loop_while, step, s)
-        single = functools.partial(speculative, width=width, count=1)
-
-        def roomy(s: AdaptiveState) -> jax.Array:
-            outputs = s.decode.outputs
-            left = jnp.max(jnp.where(outputs.done, 0, max_new - outputs.num_out))
-            return left > (steps_per_check - 1) * (s.cap + 1)
-
-        s = jax.lax.while_loop(lambda s: loop_while(s) & (s.spec_steps == 0), single, s)
-        s = jax.lax.while_loop(lambda s: loop_while(s) & roomy(s), step, s)
-        return jax.lax.while_loop(loop_while, single, s)
-
-    def plain(s: AdaptiveState, count: int) -> AdaptiveState:
-        if scored:
-            return repeated(plain_step, s, count)   # nothing learnt before the resync
-        if shadow is None:
-            return recheck(repeated(plain_step, s, count))
-        # The draft a speculative step would have verified, walked with the block's tokens: one
-        # speculative step's worth of evidence per block.
-        tree_tokens, valid, parents = shadow(s.decode.inner)
-        start_len = s.pending_len
-        s = repeated(plain_step, s, count)
-        slots = jnp.minimum(start_len[:, None] + jnp.arange(count)[None, :], s.pending.shape[1] - 1)
-        emitted = jnp.take_along_axis(s.pending, slots, axis=1)
-        return decide(learn(s, *shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, L)))
-
-    def plain_blocks(s: AdaptiveState, count: int) -> AdaptiveState:
-        """Blocks of `count` plain steps while speculation does not pay, the block fits in the
-        pending buffer and (blocks longer than a check's) before any running row would finish
-        inside it."""
-        room = s.pending.shape[1] - count
-
-        def more(s: AdaptiveState) -> jax.Array:
-            go = running(s) & (~s.pays | ~fits(s)) & (jnp.max(s.pending_len) <= room)
-            if count > steps_per_check:
-                outputs = s.decode.outputs
-                go &= jnp.min(jnp.where(outputs.done, count, max_new - outputs.num_out)) >= count
-            return go
-
-        return jax.lax.while_loop(more, functools.partial(plain, count=count), s)
-
-    def phase(s: AdaptiveState) -> AdaptiveState:
-        probe = (s.wait <= 0) & (not measures_plain)
-
-        def speculating(s: AdaptiveState):
-            return running(s) & fits(s) & ((probe & (s.spec_steps == 0)) | s.pays)
-
-        if dispatch is None:
-            s = speculative_run(speculating, s.replace(spec_steps=zero))
-        else:
-            def width_index(s: AdaptiveState):
-                return narrowest(dispatch, s.cap)
-
-            def at_width(i: int, s: AdaptiveState) -> AdaptiveState:
-                def here(s: AdaptiveState) -> jax.Array:
-                    return speculating(s) & (width_index(s) == i)
-
-                return speculative_run(here, s, width=dispatch[i])
-
-            s = jax.lax.while_loop(speculating, lambda s: jax.lax.switch(
-                width_index(s), [functools.partial(at_width, i) for i in range(len(dispatch))], s),
-                s.replace(spec_steps=zero))
-        # A probe that did not pay doubles the phases until the next one (up to MAX_BACKOFF); any
-        # speculation that paid resets it.
-        failed = probe & (s.spec_steps == 1)
-        if pause_at is not None:   # a probe that paid, stopped by a pause, did not fail
-            failed &= ~s.pays | ~paused(s.decode.outputs, pause_at)
-        backoff = jnp.where(failed, jnp.minimum(2 * s.backoff, MAX_BACKOFF),
-                            jnp.where(s.spec_steps > 0, 1, s.backoff))
-        wait = jnp.where(s.spec_steps > 0, backoff - 1, s.wait - 1)
-        s = s.replace(backoff=backoff, wait=wait)
-        pending, pending_len = parts.pending(s.decode.inner)
-        s = s.replace(pending=pending, pending_len=pending_len, pending_law=jnp.zeros_like(s.pending_law))
-        s = plain_blocks(s, plain_block)
-        if plain_block > steps_per_check:
-            # The rest of the phase one check block at a time: near the end of the call, where a
-            # block would decode past every row's last token, and to fill the pending buffer.
-            s = plain_blocks(s, steps_per_check)
-        if not scored:
-            return s.replace(decode=s.decode.replace(inner=parts.resync(s.decode.inner, s.pending, s.pending_len)))
-        # Every token a plain step drew counts as a speculative step starting there, each worth
-        # 1 / PLAIN_BLOCK steps: as much evidence per plain token as retrieval's shadow walks.
-        inner, acceptance, known = parts.scored_resync(s.decode.inner, s.pending, s.pending_len, s.pending_law)
-        reached, hit, steps = chain_counts(acceptance, known, L)
-        s = learn(s.replace(decode=s.decode.replace(inner=inner)), reached / PLAIN_BLOCK, hit / PLAIN_BLOCK,
-                  steps / PLAIN_BLOCK)
-        return decide(s)
-
-    def initial(state: DecodeState) -> AdaptiveState:
-        return decide(initial_state(state))
-
-    return initial, functools.partial(jax.lax.while_loop, running, phase)
+    c = LoopConfig.make(parts, tparams, sampling, state.decode.cur.shape[0])
+    x = loop_inputs(c, keys, max_new, eos_ids, costs, pause_at)
+    return jax.lax.while_loop(functools.partial(running, x), functools.partial(phase, c, x), state)

@@ -49,6 +49,7 @@ class ARParts:
     room: int = 1
     counter_width: int = 0
     chain_writes: bool = True
+    pending_width: int = 0   # never run under the adaptive loop
 
     def init(self, tokens, lengths, first, logits):
         return ()

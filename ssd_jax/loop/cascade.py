@@ -32,7 +32,7 @@ from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.loop.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
+from ssd_jax.loop.caps import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.loop.autoregressive import ARParts
 from ssd_jax.loop.shadow import scored_tokens
 from ssd_jax.loop.skeleton import DecodeState, Verdict, fold_rows, prefill
@@ -176,6 +176,7 @@ class CascadeParts:
     # ------------------------------------------------------------ adaptive speculation's fallback
 
     drafts_with_model = False   # the loop's draft-forward cost is folded into the measured step
+    shadow_tree = None          # the drafters' proposals are not known during plain steps
 
     @property
     def draft_len(self) -> int:

@@ -14,8 +14,8 @@ from ssd_jax.backend import policy_for
 from ssd_jax.loop.autoregressive import ar_parts, in_loop_params
 from ssd_jax.loop.cascade import cascade_parts
 from ssd_jax.loop.retrieval import retrieval_parts
-from ssd_jax.loop.adaptive_loop import begin_adaptive, resume_adaptive, run_adaptive
-from ssd_jax.loop.skeleton import loop, run, start
+from ssd_jax.loop.adaptive_loop import AdaptiveState, begin_adaptive, resume_adaptive, run_adaptive
+from ssd_jax.loop.skeleton import DecodeState, loop, run, start
 from ssd_jax.loop.speculative import speculative_parts
 from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
 from ssd_jax.model import Model
@@ -60,6 +60,11 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
                              tuple(m.config for m in models), bigram, sampling, prompt_width, out_size, plan=plan)
     return speculative_parts(method, tparams, tcfg, in_loop_params(draft), draft.config,
                              sampling, prompt_width, out_size, plan=plan)
+
+
+def decode_state(state: DecodeState | AdaptiveState) -> DecodeState:
+    """The skeleton's state of a loop state: itself, or the adaptive loop's `decode`."""
+    return state.decode if isinstance(state, AdaptiveState) else state
 
 
 def _extra_rows(rows: int, method: Method, target: Model) -> int:
@@ -122,7 +127,7 @@ def resume_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     `DecodeOutput` so far). Without "auto", the pieces' tokens are one `decode_arrays`' for the
     same key; with it, the adaptive loop's choices after a pause differ (the law is the target's
     either way)."""
-    outputs = getattr(state, "decode", state).outputs
+    outputs = decode_state(state).outputs
     piece = jnp.asarray(piece, jnp.int32)
     pause_at = jnp.min(jnp.where(outputs.done, jnp.iinfo(jnp.int32).max - piece, outputs.num_out)) + piece
     setup = _setup(target, draft, tokens, lengths, keys, max_new, method, sampling, eos_ids, out_size, plan, costs)
@@ -163,7 +168,7 @@ def _setup(target: Model, draft, tokens, lengths, keys, max_new, method: Method,
 def _output(state, method: Method, target: Model, rows: int, extra: int) -> DecodeOutput:
     """The DecodeOutput of a loop state (a DecodeState, or the adaptive loop's) of rows + extra
     rows, the extra ones (copies of row 0) dropped; replicated where the target is sharded."""
-    state = getattr(state, "decode", state)
+    state = decode_state(state)
     counters = dict(spec=state.counters)
     if isinstance(method, CSD):
         counters["reviews"] = state.inner.counters

@@ -24,7 +24,7 @@ from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
 from ssd_jax.draft.tree_layout import TreeLayout, linear_layout, logitspec_layout
-from ssd_jax.loop.adaptive_loop import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
+from ssd_jax.loop.caps import at_narrowest, pending_width, switched_caps, unread_count_only, with_one
 from ssd_jax.loop.autoregressive import ARParts
 from ssd_jax.loop.emission import emitted_tokens
 from ssd_jax.loop.skeleton import DecodeState, Verdict
@@ -221,6 +221,9 @@ class RetrievalParts:
                                              active.astype(jnp.int32))
         return verdict.replace(inner=dict(context=context, context_len=context_len, last_logits=logits))
 
+    # Plain steps learn from shadow walks of the draft (`shadow_tree`), not from scoring a model.
+    learns_while_plain = False
+
     def shadow_tree(self, inner) -> tuple[jax.Array, jax.Array, np.ndarray]:
         """The draft a speculative step would verify now, uncapped: (tokens int32 [B, N], valid
         bool [B, N], parents int [N]), for the loop's shadow evidence during plain decoding
@@ -234,6 +237,10 @@ class RetrievalParts:
 
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         return inner
+
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+        """Never called: retrieval does not learn while plain by scoring (`learns_while_plain`)."""
+        raise NotImplementedError("retrieval learns from shadow walks, not from scored_resync")
 
 
 def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int,

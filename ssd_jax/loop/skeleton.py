@@ -4,20 +4,8 @@ commit) and does the rest once: emission of the step's tokens, EOS and length li
 reasons and counters. The loop can also stop early and go on in a later program (`loop`'s
 pause_at): how `generate` streams, chunk by chunk, with programs that hold no host callback.
 
-A method supplies a `Parts` object (see `ssd_jax.loop.decoder.make_parts`):
-  capacity: int         KV cache slots of the method's buffers (the target's cache takes at most
-                        the prompt, the outputs and one step's room: `target_capacity`);
-  room: int             slots one step may need past the committed text (a row without them ends
-                        with finish reason "length");
-  chain_writes: bool    (optional, default False) whether a step writes the token at depth i of its
-                        draft to target slot lengths + i (one chain, no tree): then the target's
-                        cache needs no room past the prompt and the outputs (`target_capacity`);
-  pending_width: int    (optional) > 0 where the parts run under the adaptive loop, which decodes
-                        plainly while a tree step lacks room (`room_gated`).
-  counter_width: int    draft positions counted per step (0: no draft, only target calls count);
-  init(tokens, lengths, first, logits) -> inner   the method's own loop state (a pytree);
-  step(state, keys, active) -> Verdict            one step; keys uint32 [B, 2] are this step's
-                        per-row keys (fold_in(row key, step)); active bool [B] the running rows.
+A method supplies a `Parts` object (see `ssd_jax.loop.decoder.make_parts`); the adaptive loop's
+parts are `AdaptiveParts`, which add what that loop reads.
 Rows that are done must keep their caches (a method commits nothing for them).
 
 Random keys, per row key r: the first token is drawn with fold_in(r, 0); step s gets fold_in(r, s).
@@ -25,10 +13,11 @@ Random keys, per row key r: the first token is drawn with fold_in(r, 0); step s 
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from ssd_jax.backend import policy_for
@@ -78,13 +67,79 @@ class Verdict:
 
 
 class Parts(Protocol):
+    """What the skeleton reads of a method's parts.
+
+    capacity: KV cache slots of the method's buffers (the target's cache takes at most the prompt,
+        the outputs and one step's room: `target_capacity`);
+    room: slots one step may need past the committed text (a row without them ends with finish
+        reason "length");
+    chain_writes: whether a step writes the token at depth i of its draft to target slot
+        lengths + i (one chain, no tree): then the target's cache needs no room past the prompt and
+        the outputs (`target_capacity`);
+    pending_width: > 0 where the parts run under the adaptive loop, which decodes plainly while a
+        tree step lacks room (`room_gated`); 0 elsewhere;
+    counter_width: draft positions counted per step (0: no draft, only target calls count);
+    init(tokens, lengths, first, logits) -> inner: the method's own loop state (a pytree);
+    step(state, keys, active) -> Verdict: one step; keys uint32 [B, 2] are this step's per-row keys
+        (fold_in(row key, step)); active bool [B] the running rows.
+    """
+
     capacity: int
     room: int
+    chain_writes: bool
+    pending_width: int
     counter_width: int
 
     def init(self, tokens: jax.Array, lengths: jax.Array, first: jax.Array, logits: jax.Array) -> Any: ...
 
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict: ...
+
+
+class AdaptiveParts(Parts, Protocol):
+    """What the adaptive loop (`ssd_jax.loop.adaptive_loop`) reads besides `Parts`: the parts of a
+    method with draft_len "auto" (`SpeculativeParts`, `RetrievalParts`, `CascadeParts`).
+
+    draft_len: L, the longest draft a step verifies (the loop keeps acceptance by position 1..L);
+    drafts_with_model: whether a step runs draft forwards the loop prices per drafted token;
+    takes_cap: whether `step` honours a per-step cap on the draft (`step(cap=)`), the loop then
+        choosing it; else every step drafts up to L;
+    verify_caps: the draft lengths verification is compiled for (ascending, the last L);
+    dispatch_caps(batch): the caps the loop compiles one step for and picks once per run of steps
+        at the same cap (`step(width=)`), or None where each step picks its own width;
+    learns_while_plain: whether plain steps record their tokens' target probabilities
+        (`Verdict.token_law`) and the draft scores itself on them when it catches up
+        (`scored_resync`);
+    shadow_tree(inner) -> (tokens, valid, parents), or None: the draft a speculative step would
+        verify now, for drafts that are point masses known without a draft model (retrieval): the
+        loop walks it with the tokens plain steps draw (`ssd_jax.loop.shadow`);
+    ar_step(state, keys, active) -> Verdict: a plain step (the target alone), the draft left behind;
+    pending(inner) -> (pending int32 [B, pending_width], pending_len int32 [B]): the tokens the
+        draft has not read, where plain steps append theirs;
+    resync(inner, pending, pending_len) -> inner: the draft reads the tokens it missed;
+    scored_resync(inner, pending, pending_len, laws) -> (inner, acceptance, known): `resync` that
+        also scores the draft on them (`learns_while_plain` parts).
+    """
+
+    draft_len: int
+    drafts_with_model: bool
+    takes_cap: bool
+    verify_caps: tuple[int, ...]
+    learns_while_plain: bool
+    shadow_tree: Callable[[Any], tuple[jax.Array, jax.Array, np.ndarray]] | None
+
+    def dispatch_caps(self, batch: int) -> tuple[int, ...] | None: ...
+
+    def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
+             width: int | None = None) -> Verdict: ...
+
+    def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict: ...
+
+    def pending(self, inner: Any) -> tuple[jax.Array, jax.Array]: ...
+
+    def resync(self, inner: Any, pending: jax.Array, pending_len: jax.Array) -> Any: ...
+
+    def scored_resync(self, inner: Any, pending: jax.Array, pending_len: jax.Array,
+                      laws: jax.Array) -> tuple[Any, jax.Array, jax.Array]: ...
 
 
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int,
@@ -139,28 +194,23 @@ def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
     queries past the last kept token see the loss. A tree writes node j at slot lengths + j
     whatever its depth, so it needs the room, or (`room_gated`) a loop that decodes plainly while
     a running row lacks it."""
-    if chain_writes(parts) or room_gated(parts):
+    if parts.chain_writes or room_gated(parts):
         return min(parts.capacity, prompt_width + out_size)
     return min(parts.capacity, prompt_width + out_size + parts.room + 2)
 
 
-def chain_writes(parts: Parts) -> bool:
-    """The parts' `chain_writes` (False where they do not say)."""
-    return bool(getattr(parts, "chain_writes", False))
-
-
 def room_gated(parts: Parts) -> bool:
-    """Whether the parts' steps run only while every running row has `room` slots left (trees
-    under the adaptive loop, which decodes plainly otherwise: at batch 8 the room was 8-10% of
-    the slots every step reads, a tree's last ~room tokens decoding plainly instead)."""
-    return not chain_writes(parts) and getattr(parts, "pending_width", 0) > 0
+    """Whether the parts' steps run only while every running row has `room` slots left: trees
+    under the adaptive loop, which decodes plainly otherwise, so the target's cache needs no room
+    past the prompt and the outputs (a tree's last ~room tokens decode plainly instead)."""
+    return not parts.chain_writes and parts.pending_width > 0
 
 
 def step_room(parts: Parts, outputs: Outputs, max_new: jax.Array) -> jax.Array | int:
     """Slots a running row needs past its committed text for the loop's next step: a chain's
     room, at most the tokens the row may still emit; a gated tree's plain step's one; else the
     room (int32 [B] or int)."""
-    if chain_writes(parts):
+    if parts.chain_writes:
         return jnp.minimum(parts.room, max_new - outputs.num_out)
     return 1 if room_gated(parts) else parts.room
 

@@ -23,7 +23,7 @@ from ssd_jax import verify
 from ssd_jax.backend import policy_for
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.loop.adaptive_loop import at_narrowest, compiled_caps, pending_width, with_one
+from ssd_jax.loop.caps import at_narrowest, compiled_caps, pending_width, with_one
 from ssd_jax.loop.autoregressive import ARParts
 from ssd_jax.loop.emission import emitted_tokens
 from ssd_jax.loop.shadow import scored_tokens
@@ -283,6 +283,8 @@ class SpeculativeParts:
                        drafted=lengths, draft_forwards=forwards)
 
     # ------------------------------------------------------------ adaptive speculation's fallback
+
+    shadow_tree = None   # a draft model's proposals are not known during plain steps
 
     @property
     def learns_while_plain(self) -> bool:
