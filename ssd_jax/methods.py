@@ -24,7 +24,7 @@ import numpy as np
 from ssd_jax.errors import InputError
 
 # The one table of defaults. draft_len "auto" (every speculative method's default; an int fixes
-# it): adaptive speculation (`ssd_jax.tuning.adaptive`): the cost model picks a length up to
+# it): adaptive speculation (`ssd_jax.tuning.cost_model`): the cost model picks a length up to
 # max_draft_len per call and falls back to plain decoding inside the loop when speculation does
 # not pay; single-path drafts are capped per step at the length that pays best, and stop early
 # per row when the draft's top probability falls below threshold (None: GREEDY_THRESHOLD at

@@ -18,7 +18,7 @@ given k was reached, and a draft capped at l tokens emits
     E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step (sd(l) its spread).
 
 With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
-one draft forward) (`ssd_jax.tuning.adaptive.loop_inputs`), rho the running share of the cap's
+one draft forward) (`ssd_jax.tuning.cost_model.loop_inputs`), rho the running share of the cap's
 draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
 cost(l) = c_spec + rho (l - 1) c_draft, or where the calibration timed the step at cap l
 itself (parts drafting with a model), that time. A batch runs until its slowest row is done, so

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -38,7 +39,7 @@ class LoopCosts:
         compiled programs take: positions 0-4 hold ar_step, spec_step, draft_forward, acceptance and
         forced_cap, and positions 5.. the cap seconds of caps 1, 2, ... Where draft_len is given,
         cap_seconds is the L = draft_len entries after the scalars, or None when the vector has
-        fewer (a forced vector, `ssd_jax.tuning.adaptive.FORCE_SPECULATION`); else all of them
+        fewer (a forced vector, `ssd_jax.tuning.cost_model.FORCE_SPECULATION`); else all of them
         (None when there are none)."""
         vector = vector.astype(jnp.float32)
         ar_step, spec_step, draft_forward, acceptance, forced_cap = (vector[i] for i in range(NUM_COST_INPUTS))
@@ -62,3 +63,19 @@ class LoopCosts:
 
 # The scalar inputs before the per-cap seconds in `LoopCosts.from_vector`'s vector.
 NUM_COST_INPUTS = 5
+
+
+def cost_vector(*, ar_step: float, spec_step: float, draft_forward: float, acceptance: float,
+                forced_cap: float = 0.0, cap_seconds=()) -> np.ndarray:
+    """Named cost inputs as the compiled programs take them, built on the host: float32
+    [NUM_COST_INPUTS + len(cap_seconds)] in `LoopCosts.from_vector`'s layout (fields as
+    `LoopCosts`'; cap_seconds: seconds of a step at caps 1..L, 0 where not measured)."""
+    return np.asarray([ar_step, spec_step, draft_forward, acceptance, forced_cap, *cap_seconds], np.float32)
+
+
+def host_costs(vector) -> LoopCosts:
+    """The `LoopCosts` of a cost vector read on the host (numpy float64, nothing traced): how the
+    host prices a call's steps at the loop's prices (`ssd_jax.tuning.against_ar`)."""
+    values = np.asarray(vector, np.float64)
+    return LoopCosts(*(float(values[i]) for i in range(NUM_COST_INPUTS)),
+                     cap_seconds=values[NUM_COST_INPUTS:] if values.shape[0] > NUM_COST_INPUTS else None)

@@ -320,7 +320,7 @@ def describe(name: str | None, static_key: Any, signature: tuple) -> str | None:
     signature (`compile_cache.signature`), with the library's source, versions, configuration and
     machine (`_environment`); None where that text would not say everything (see the module's
     docstring). Also names measurements of a program without lowering it
-    (`ssd_jax.tuning.adaptive`'s per-forward timings)."""
+    (`ssd_jax.tuning.measure`'s per-forward timings)."""
     static_text = _text(static_key)
     if name is None or static_text is None or not _tree_spoken(signature[0]):
         return None

@@ -25,7 +25,7 @@ import jax
 import numpy as np
 
 from ssd_jax.runtime import calibration_store
-from ssd_jax.loop.adaptive_loop import NUM_COST_INPUTS
+from ssd_jax.loop.costs import host_costs
 from ssd_jax.runtime.progress import notice
 from ssd_jax.runtime.processes import agreed
 from ssd_jax.tuning import measure
@@ -53,16 +53,16 @@ PLAUSIBLE_RATIO = (0.5, 1.5)
 
 def step_price(loop_costs, cap: int) -> float:
     """Seconds of a loop step capped at `cap` (0: a plain step) by the loop's prices (loop_costs:
-    float [5 + L] or [5], a call's `loop_costs` stat, `ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS`):
-    the plain price for 0, the step its calibration timed at that cap, else the speculative step's
-    fixed cost plus (cap - 1) draft forwards."""
-    costs = np.asarray(loop_costs, np.float64)
+    a call's `loop_costs` stat, the cost vector of `ssd_jax.loop.costs.LoopCosts`): the plain
+    price for 0, the step its calibration timed at that cap, else the speculative step's fixed
+    cost plus (cap - 1) draft forwards."""
+    costs = host_costs(loop_costs)
     if cap == 0:
-        return float(costs[0])
-    table = costs[NUM_COST_INPUTS:]
-    if 0 < cap <= table.shape[0] and table[cap - 1] > 0:
+        return costs.ar_step
+    table = costs.cap_seconds if costs.cap_seconds is not None else ()
+    if 0 < cap <= len(table) and table[cap - 1] > 0:
         return float(table[cap - 1])
-    return float(costs[1] + (cap - 1) * costs[2])
+    return costs.spec_step + (cap - 1) * costs.draft_forward
 
 
 def call_seconds(loop_costs, steps_by_cap, plain_steps: int) -> float:

@@ -23,6 +23,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from ssd_jax.loop.costs import cost_vector
 from ssd_jax.tuning.memory import ParamsIdentity
 
 PRIOR_ACCEPTANCE = 0.7    # per-position acceptance assumed before a pair has run
@@ -50,7 +51,12 @@ class StepCosts:
     def loop_array(self, verify_width: int) -> np.ndarray:
         """The costs the loop decides with, float32 [3]: (AR step, spec step without its draft
         forwards, one draft forward), for a loop verifying verify_width tokens at once."""
-        return np.asarray([self.target(1), self.target(verify_width) + self.draft, self.draft], np.float32)
+        return cost_vector(**self.loop_steps(verify_width), acceptance=0.0)[:3]
+
+    def loop_steps(self, verify_width: int) -> dict:
+        """`LoopCosts`' ar_step, spec_step and draft_forward (seconds) for a loop verifying
+        verify_width tokens at once."""
+        return dict(ar_step=self.target(1), spec_step=self.target(verify_width) + self.draft, draft_forward=self.draft)
 
 
 # Relative costs used when nothing was measured: a draft ~10x cheaper than the target and a
@@ -119,12 +125,12 @@ class AutoPlan:
 
 
 def loop_inputs(costs: StepCosts, acceptance: float, verify_width: int, draft_len: int) -> np.ndarray:
-    """The loop's traced cost inputs, float32 [5 + draft_len] (`ssd_jax.loop.adaptive_loop`):
-    `StepCosts.loop_array`, the acceptance its running estimates start from, 0 (no forced cap:
-    the loop chooses each step's), and the seconds of a speculative step by cap 1..draft_len, all
-    0 (unmeasured: the loop prices caps linearly; `calibrated_inputs` measures them)."""
-    return np.concatenate([costs.loop_array(verify_width), np.asarray([acceptance, 0.0], np.float32),
-                           np.zeros(draft_len, np.float32)])
+    """The loop's traced cost inputs (`ssd_jax.loop.costs.LoopCosts`, as the vector the program
+    takes): the steps' costs, the acceptance its running estimates start from, no forced cap (the
+    loop chooses each step's), and the seconds of a speculative step by cap 1..draft_len, all 0
+    (unmeasured: the loop prices caps linearly; `measure.calibrated_inputs` measures them)."""
+    return cost_vector(**costs.loop_steps(verify_width), acceptance=acceptance, forced_cap=0.0,
+                       cap_seconds=np.zeros(draft_len))
 
 
 def draft_models(draft) -> tuple:
@@ -211,23 +217,19 @@ def table_caps(method, auto_plan: AutoPlan) -> tuple[int, ...]:
 
 
 # Loop inputs that make every step speculate (with the longest cap) / fall back (but for one
-# probe per phase, where the loop probes); see `ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS`.
-FORCE_SPECULATION = np.asarray([1.0, 0.0, 0.0, 0.5, 1e6], np.float32)
-
-
-FORCE_PLAIN = np.asarray([0.0, 1.0, 0.0, 0.5, 0.0], np.float32)
+# probe per phase, where the loop probes): `ssd_jax.loop.costs.LoopCosts`.
+FORCE_SPECULATION = cost_vector(ar_step=1.0, spec_step=0.0, draft_forward=0.0, acceptance=0.5, forced_cap=1e6)
+FORCE_PLAIN = cost_vector(ar_step=0.0, spec_step=1.0, draft_forward=0.0, acceptance=0.5, forced_cap=0.0)
 
 
 def force_cap(cap: int) -> np.ndarray:
     """Loop inputs that make every step speculate with its draft capped at `cap` tokens."""
-    forced = FORCE_SPECULATION.copy()
-    forced[4] = cap
-    return forced
+    return cost_vector(ar_step=1.0, spec_step=0.0, draft_forward=0.0, acceptance=0.5, forced_cap=cap)
 
 
 def calibration_length(num_inputs: int) -> int:
     """The entries of a calibration (`_calibrate`: three costs, then one step time per cap) of a
-    loop taking num_inputs cost inputs (`ssd_jax.loop.adaptive_loop.NUM_COST_INPUTS` + L)."""
+    loop taking num_inputs cost inputs (`ssd_jax.loop.costs.NUM_COST_INPUTS` + L)."""
     return num_inputs - len(FORCE_SPECULATION) + 3
 
 

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.runtime.progress import notice
+from ssd_jax.loop.costs import cost_vector, host_costs
 from ssd_jax.runtime import calibration_store, program_store
 from ssd_jax.runtime.compile_cache import signature
 from ssd_jax.runtime.processes import agreed
@@ -257,4 +258,5 @@ plan's. For a deterministic tuner: `planned`, unmeasured."""
         calibration = _kept_or_measured(tuner, executable, args, program_key, costs, calibration_length(len(planned)),
                                         takes_cap, table_caps)
     t_ar, t_spec_fixed, c_draft, *table = calibration
-    return np.asarray([t_ar, t_spec_fixed, c_draft, planned[3], 0.0, *nondecreasing(table)], np.float32)
+    return cost_vector(ar_step=t_ar, spec_step=t_spec_fixed, draft_forward=c_draft,
+                       acceptance=host_costs(planned).acceptance, forced_cap=0.0, cap_seconds=nondecreasing(table))
