@@ -41,6 +41,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from ssd_jax.backend import policy_for
@@ -256,6 +257,18 @@ class LoopConfig:
         return RETRIEVAL_ROW_POOLING if self.shadows else ROW_POOLING
 
     @property
+    def candidate(self) -> np.ndarray:
+        """bool [L]: the caps the loop may choose, 1 and the compiled caps. A step verifies at the
+        narrowest compiled width holding its drafts, so a cap between two compiled ones costs the
+        wider one's step, which the linear price (`step_costs`) would under-price."""
+        return np.isin(np.arange(1, self.draft_len + 1), with_one(self.parts.verify_caps))
+
+    @property
+    def positions(self) -> np.ndarray:
+        """float32 [L]: the draft positions (and caps) 1..L."""
+        return np.arange(1, self.draft_len + 1, dtype=np.float32)
+
+    @property
     def plain_block(self) -> int:
         """Plain steps between checks of whether speculation pays."""
         return max(self.steps_per_check, PLAIN_BLOCK)
@@ -265,43 +278,34 @@ class LoopConfig:
 class LoopInputs:
     """The adaptive loop's traced inputs, the same at every step, and what it derives from them
     once on entry. keys uint32 [B, 2], max_new int32 [], eos_ids int32 [E]: as the skeleton's
-    `run`; pause_at int32 [] or None: as `resume_adaptive`'s; costs: `LoopCosts`; candidate bool
-    [L]: the caps the loop may choose, 1 and the compiled caps (a step verifies at the narrowest
-    compiled width holding its drafts, so a cap between two compiled ones costs the wider one's
-    step, which the linear price under-prices); forced bool []: costs.forced_cap > 0; positions
-    float32 [L]: 1..L; acceptance float32 []: costs.acceptance clipped to [0, 0.999];
+    `run`; pause_at int32 [] or None: as `resume_adaptive`'s; costs: `LoopCosts`; forced bool []:
+    costs.forced_cap > 0; acceptance float32 []: costs.acceptance clipped to [0, 0.999];
     prior_reached, prior_accepted float32 [B, L]: one step's worth of sums at that acceptance
-    (a^(k-1) and a^k at position k); zero int32 []."""
+    (a^(k-1) and a^k at position k)."""
 
     keys: jax.Array
     max_new: jax.Array
     eos_ids: jax.Array
     pause_at: jax.Array | None
     costs: LoopCosts
-    candidate: jax.Array
     forced: jax.Array
-    positions: jax.Array
     acceptance: jax.Array
     prior_reached: jax.Array
     prior_accepted: jax.Array
-    zero: jax.Array
 
 
-def loop_inputs(c: LoopConfig, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
-                pause_at: jax.Array | None) -> LoopInputs:
-    """The loop's `LoopInputs` from the cost vector float32 [NUM_COST_INPUTS (+ L)]
-    (`LoopCosts.from_vector`) and the rest as `resume_adaptive` takes them."""
-    L = c.draft_len
-    named = LoopCosts.from_vector(costs, L)
-    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(c.parts.verify_caps)))
-    forced = named.forced_cap > 0
-    positions = jnp.arange(1, L + 1, dtype=jnp.float32)
+def loop_inputs(c: LoopConfig, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
+                costs: jax.Array | LoopCosts, pause_at: jax.Array | None) -> LoopInputs:
+    """The loop's `LoopInputs` from its costs (`LoopCosts`, or the cost vector float32
+    [NUM_COST_INPUTS (+ L)] the compiled programs take: `LoopCosts.from_vector`) and the rest as
+    `resume_adaptive` takes them."""
+    named = costs if isinstance(costs, LoopCosts) else LoopCosts.from_vector(costs, c.draft_len)
     a = jnp.clip(named.acceptance, 0.0, 0.999)
-    prior_reached = jnp.broadcast_to(a ** (positions - 1), (c.batch, L))
-    prior_accepted = jnp.broadcast_to(a ** positions, (c.batch, L))
+    shape = (c.batch, c.draft_len)
     return LoopInputs(keys=keys, max_new=max_new, eos_ids=eos_ids, pause_at=pause_at, costs=named,
-                      candidate=candidate, forced=forced, positions=positions, acceptance=a,
-                      prior_reached=prior_reached, prior_accepted=prior_accepted, zero=jnp.zeros((), jnp.int32))
+                      forced=named.forced_cap > 0, acceptance=a,
+                      prior_reached=jnp.broadcast_to(a ** (c.positions - 1), shape),
+                      prior_accepted=jnp.broadcast_to(a ** c.positions, shape))
 
 
 def initial_state(c: LoopConfig, x: LoopInputs, state: DecodeState) -> AdaptiveState:
@@ -309,7 +313,8 @@ def initial_state(c: LoopConfig, x: LoopInputs, state: DecodeState) -> AdaptiveS
     worth; the long one and the cap's `LoopConfig.long_prior`), nothing pending but the draft's
     chunk, no choice made yet."""
     pending, pending_len = c.parts.pending(state.inner)
-    prior_reached, prior_accepted, long_prior, zero = x.prior_reached, x.prior_accepted, c.long_prior, x.zero
+    prior_reached, prior_accepted, long_prior = x.prior_reached, x.prior_accepted, c.long_prior
+    zero = jnp.zeros((), jnp.int32)
     return AdaptiveState(
         decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
         long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
@@ -365,7 +370,7 @@ def step_costs(c: LoopConfig, x: LoopInputs, e: Evidence) -> jax.Array:
     cap's step, else spec_step plus the draft forwards that ran (the cap's l - 1 times the running
     share, `AdaptiveState.forward_share`) at draft_forward each."""
     costs = x.costs
-    forwards = e.forward_share * (x.positions - 1) if c.priced else 0 * x.positions
+    forwards = e.forward_share * (c.positions - 1) if c.priced else 0 * c.positions
     linear = costs.spec_step + forwards * costs.draft_forward
     return linear if costs.cap_seconds is None else jnp.where(costs.cap_seconds > 0, costs.cap_seconds, linear)
 
@@ -397,10 +402,10 @@ def best_cap_index(c: LoopConfig, x: LoopInputs, e: Evidence, cost: jax.Array) -
     optimism = EXPLORE * unreached.astype(jnp.float32) if c.batch == 1 else 0.0
     mean, sd = within_remaining(*tokens_moments(reached, accepted, x.acceptance, optimism=optimism, shape=shape),
                                 e.remaining)
-    seconds = jnp.where(x.candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
+    seconds = jnp.where(c.candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
     best = cap_index(seconds, e.chosen, sticky=c.dispatch is not None)
     probes = c.dispatch is not None and c.batch > 1
-    index = probe_up(best, x.candidate, e.probe_reached, e.running, seconds) if probes else best
+    index = probe_up(best, c.candidate, e.probe_reached, e.running, seconds) if probes else best
     return best, index
 
 
@@ -611,7 +616,7 @@ def speculative_phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState, probe: jax
     around a `while_loop`), not per step: a switch per step passes the KV caches through a
     conditional, which XLA:CPU copies, while the cap changes seldom."""
     loop_while = functools.partial(speculating, c, x, probe)
-    s = s.replace(spec_steps=x.zero)
+    s = s.replace(spec_steps=jnp.zeros((), jnp.int32))
     if c.dispatch is None:
         return speculative_run(c, x, loop_while, s)
     runs = [functools.partial(at_dispatched_width, c, x, loop_while, i) for i in range(len(c.dispatch))]
@@ -664,18 +669,19 @@ def phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
 
 
 def run_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                 keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                 keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array | LoopCosts, *,
                  sampling: SamplingParams, out_size: int, placement=None) -> DecodeState:
     """`ssd_jax.loop.skeleton.run` with the per-step cap and the fallback to plain decoding.
-    parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS (+ L)] (`LoopCosts.from_vector`). Returns the final DecodeState."""
+    parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs:
+    `LoopCosts`, or the float32 vector [NUM_COST_INPUTS (+ L)] the compiled programs take
+    (`LoopCosts.from_vector`). Returns the final DecodeState."""
     state = begin_adaptive(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, costs, sampling=sampling,
                            out_size=out_size, placement=placement)
     return resume_adaptive(parts, tparams, keys, max_new, eos_ids, costs, state, sampling=sampling).decode
 
 
 def begin_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                   keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                   keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array | LoopCosts, *,
                    sampling: SamplingParams, out_size: int, placement=None) -> AdaptiveState:
     """Prefill, the first token and the adaptive loop's state on entry (its memories at the prior,
     the first choice made): `run_adaptive`'s arguments, no step taken."""
@@ -687,7 +693,7 @@ def begin_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, token
 
 
 def resume_adaptive(parts: AdaptiveParts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-                    costs: jax.Array, state: AdaptiveState, pause_at: jax.Array | None = None, *,
+                    costs: jax.Array | LoopCosts, state: AdaptiveState, pause_at: jax.Array | None = None, *,
                     sampling: SamplingParams) -> AdaptiveState:
     """The adaptive loop from `state` (`begin_adaptive`'s, or a paused one) until every row is
     done, or where pause_at (int32 []) is given, until every row is done or holds pause_at tokens

@@ -95,8 +95,8 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     Likewise, with a target sharded over a "data" axis of size d, the batch is padded with copies
     of row 0 to a multiple of d so its rows split evenly over "data".
     A method with draft_len "auto" runs the adaptive loop (`ssd_jax.loop.adaptive_loop`) with
-    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.tuning.adaptive.loop_inputs`); both
-    default to what this process knows of the pair (`ssd_jax.tuning.adaptive.default_plan`)."""
+    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.loop.costs.LoopCosts.from_vector`);
+    both default to what this process knows of the pair (`ssd_jax.tuning.adaptive.default_plan`)."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target)
     if extra:
