@@ -31,6 +31,9 @@ target probability and the draft scores itself on them when it catches up (`chai
 
 The choices use only past steps and the costs, never the current step's target probabilities, so
 the output law is the target's whatever they decide.
+
+The loop's functions take its static setup c (`LoopConfig`), its traced inputs x (`LoopInputs`)
+and its state s (`AdaptiveState`).
 """
 
 from __future__ import annotations

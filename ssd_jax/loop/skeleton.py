@@ -67,8 +67,9 @@ class Verdict:
 
 
 class Parts(Protocol):
-    """What the skeleton reads of a method's parts.
+    """What the skeleton (and `ssd_jax.loop.decoder`) reads of a method's parts.
 
+    tparams: the target's params the steps run on (`ssd_jax.loop.autoregressive.in_loop_params`);
     capacity: KV cache slots of the method's buffers (the target's cache takes at most the prompt,
         the outputs and one step's room: `target_capacity`);
     room: slots one step may need past the committed text (a row without them ends with finish
@@ -84,6 +85,7 @@ class Parts(Protocol):
         (fold_in(row key, step)); active bool [B] the running rows.
     """
 
+    tparams: dict
     capacity: int
     room: int
     chain_writes: bool
