@@ -830,7 +830,7 @@ def within_remaining_reference(mean, sd, remaining):
 def test_tokens_per_step_count_only_what_a_row_can_keep():
     """The moments the loop prices caps by count a row's tokens up to those it has left: never
     more than r, one token (no spread) at r = 1."""
-    from ssd_jax.loop.adaptive_loop import tokens_moments, within_remaining
+    from ssd_jax.loop.acceptance import tokens_moments, within_remaining
 
     reached = np.full((4, 5), 10.0, np.float32)
     accepted = 0.8 * reached
@@ -845,7 +845,7 @@ def test_tokens_per_step_count_only_what_a_row_can_keep():
 def test_batch_steps_are_the_slowest_running_rows():
     """A batch needs the steps of its slowest running row: the renewal count r / E, plus the
     expected largest of its rows' spreads at batch > 1 (none for one row)."""
-    from ssd_jax.loop.adaptive_loop import batch_steps, expected_largest_normal
+    from ssd_jax.loop.acceptance import batch_steps, expected_largest_normal
 
     assert float(expected_largest_normal(1)) == pytest.approx(0.0, abs=1e-6)
     assert float(expected_largest_normal(2)) == pytest.approx(0.59, abs=0.01)
@@ -871,7 +871,7 @@ def test_batch_steps_are_the_slowest_running_rows():
 def test_a_slow_row_shortens_the_batch_cap():
     """With one row that accepts little, a batch's cap is the one that finishes that row soonest,
     not the mean row's (at batch 8 the mean row's acceptance chose caps that lost 20-30%)."""
-    from ssd_jax.loop.adaptive_loop import batch_steps, tokens_moments
+    from ssd_jax.loop.acceptance import batch_steps, tokens_moments
 
     L = 8
     cost = 1.0 + 0.3 * np.arange(L)   # a spec step at cap l: 1 + 0.3 (l - 1) AR steps
@@ -890,7 +890,7 @@ def test_cap_choice_sticks_where_caps_are_dispatched():
     current cap stays unless another is SWITCH_MARGIN faster (near ties made SD flip between caps
     1 and 2 every few steps at batch 8, 0.93 of fixed L=2 against 0.99 with the margin); exact
     ties go to the longer cap."""
-    from ssd_jax.loop.adaptive_loop import SWITCH_MARGIN, cap_index
+    from ssd_jax.loop.acceptance import SWITCH_MARGIN, cap_index
 
     near = 1 - SWITCH_MARGIN / 2
     seconds = np.asarray([10.0, 10.0 * near, 12.0, np.inf], np.float32)
@@ -911,7 +911,7 @@ def test_stale_next_cap_gets_a_probe():
     candidate instead, if the model prices it within PROBE_WITHIN of the current cap; fresh
     evidence, the longest cap, a next cap priced far dearer, or only finished rows holding the
     evidence leave it where it is."""
-    from ssd_jax.loop.adaptive_loop import PROBE_BELOW, PROBE_WITHIN, probe_up
+    from ssd_jax.loop.acceptance import PROBE_BELOW, PROBE_WITHIN, probe_up
 
     candidate = np.asarray([True, True, False, True, False, False, False, True])
     running = np.ones(4, bool)
@@ -939,7 +939,8 @@ def test_unmeasured_positions_get_an_optimistic_acceptance():
     """The cap choice's optimism (EXPLORE standard errors) lifts a position's acceptance the less
     it was measured, and not at all where the evidence is overwhelming; a position measured low
     a few times and then decayed gets tried again."""
-    from ssd_jax.loop.adaptive_loop import EXPLORE, reach_probabilities
+    from ssd_jax.loop.acceptance import reach_probabilities
+    from ssd_jax.loop.adaptive_loop import EXPLORE
 
     assert EXPLORE > 0
     reached = np.asarray([50.0, 50.0, 1.0, 1.0], np.float32)
@@ -960,7 +961,7 @@ def test_rows_borrow_the_batchs_acceptance_by_position():
     measured together counts: acceptance 0.92 at position 2 after 0.6 at position 1 reads 0.85,
     against 0.69 pulled towards the row's pooled acceptance alone. A position nobody reached keeps
     the pooled guess (shape 1), and rows that stopped running do not count."""
-    from ssd_jax.loop.adaptive_loop import position_shape, reach_probabilities
+    from ssd_jax.loop.acceptance import position_shape, reach_probabilities
 
     reached = np.tile(np.asarray([30.0, 2.4], np.float32), (8, 1))
     accepted = np.tile(np.asarray([18.0, 2.2], np.float32), (8, 1))
@@ -1028,7 +1029,7 @@ def test_calibration_rounds_are_pooled_by_a_trimmed_mean():
 def test_tokens_per_step_model_matches_enumeration():
     """The loop's E(l) and spread of the tokens a capped step emits, against the law of T written
     out: T = 1 + (accepted tokens), P(T > k) = prod_{j<=k} alpha_j for k <= cap."""
-    from ssd_jax.loop.adaptive_loop import expected_tokens_by_cap, tokens_mean_and_spread
+    from ssd_jax.loop.acceptance import expected_tokens_by_cap, tokens_mean_and_spread
 
     alpha = np.asarray([0.9, 0.6, 0.5, 0.2], np.float32)
     reached = np.asarray([4.0, 3.0, 2.0, 1.0], np.float32) * 1e5   # enough evidence that pooling is negligible

@@ -1,83 +1,39 @@
-"""The decode loop of adaptive speculation: speculative steps while they pay, plain decoding
-while they do not, all inside one jitted program (no host round trip).
+"""The decode loop of adaptive speculation: speculative steps while they pay, plain decoding while
+they do not, all inside one jitted program (no host round trip). Its design and rationale:
+docs/adaptive.md.
 
-    while some row runs:
+    while some row runs (`phase`):
         speculative steps while they pay (at least one, a probe, unless backing off; parts that
-            measure while decoding plainly never probe), each
-            drafting up to the length that pays best (parts with `dispatch_caps`: one compiled
-            step per cap, chosen once per run of steps at the same cap)
-        plain decoding steps while speculation does not pay (checked every PLAIN_BLOCK steps,
-            single steps near the end), the draft falling behind by at most `pending_width` tokens
-        the draft reads the tokens it missed (one forward; parts with `learns_while_plain` score
-            it on them there)
+            measure while decoding plainly never probe), each capped at the length that pays best
+            (parts with `dispatch_caps`: one compiled step per cap, chosen once per run of steps)
+        plain steps while speculation does not pay (checked every PLAIN_BLOCK steps, single
+            steps near the end), the draft falling behind by at most `pending_width` tokens
+        the draft reads the tokens it missed (one forward; `learns_while_plain` parts score it there)
 
-The loop keeps, per row and draft position k, decayed sums of how often a step's draft reached
-k (R_k) and had its k-th token accepted (A_k); alpha_k = A_k / R_k is the row's acceptance at k
-given k was reached, and a draft capped at l tokens emits
+The loop keeps, per row and draft position, decayed sums of how often a step's draft reached the
+position and had its token accepted (`ssd_jax.loop.acceptance`: E(l) tokens per step at cap l,
+sd(l) their spread). With the costs (`LoopCosts`) a step at cap l costs spec_step + rho (l - 1)
+draft_forward (rho: the running share of the cap's draft forwards that ran), or the calibration's
+time for that cap, and
 
-    E(l) = 1 + sum_{k<=l} prod_{j<=k} alpha_j      tokens per step (sd(l) its spread).
+    cap  = the candidate l with the least steps(l) cost(l)        (`best_cap_index`)
+    pays = steps(cap) cost(cap) <= max_rows r ar_step             (`pays_at`)
 
-With the measured costs c = (AR step, speculative step with no draft forward after its catch-up,
-one draft forward) (`ssd_jax.tuning.cost_model.loop_inputs`), rho the running share of the cap's
-draft forwards that ran (the early stop ends drafts sooner), a step capped at l costs
-cost(l) = c_spec + rho (l - 1) c_draft, or where the calibration timed the step at cap l
-itself (parts drafting with a model), that time. A batch runs until its slowest row is done, so
-a cap is judged by the steps the batch still needs, the most any running row needs for its r
-remaining tokens:
+where steps(l) is what the batch still needs for each running row's r remaining tokens
+(`batch_steps`), each row's E raised by a noise allowance for `pays`. The sums are a short memory
+(DECAY), which judges whether speculation pays and reverts to a long one (LONG_DECAY) during plain
+steps, and the long memory, which chooses the cap (where a batch caps its drafts with a model at
+T=0, a memory of its own: CAP_DECAY). A probe that does not pay doubles the plain phases before
+the next, up to MAX_BACKOFF. Retrieval needs no probes: each plain block walks the draft made at
+its start with the tokens the block drew (`ssd_jax.loop.shadow`); nor do drafts whose acceptance
+is token-wise (SD, every method at T=0, CSD with a strict review): plain steps record each token's
+target probability and the draft scores itself on them when it catches up (`chain_counts`).
 
-    steps(l) = max_rows  r / E(l) + z_B sqrt(r) sd(l) / E(l)^1.5
+The choices use only past steps and the costs, never the current step's target probabilities, so
+the output law is the target's whatever they decide.
 
-(the renewal count's mean and its spread; z_B the expected largest of B standard normals, B the
-running rows: 0 for one row; E and sd those of cap min(l, r - 1), the tokens the row can keep,
-`within_remaining`). Rows differ: at batch 8 on held-out code one prompt's row needed
-57 steps at L=4 where the mean row needed 36, so a cap chosen from the mean row's acceptance
-(4-8) lost to L=2 by 20-30%.
-
-    cap = the l with the least steps(l) cost(l) (long memory; where a batch of rows caps its
-          drafts with a model at T=0, a shorter one, CAP_DECAY; at batch 1 each alpha_k past the
-          current cap raised by EXPLORE standard errors), or the current one unless that is
-          SWITCH_MARGIN faster where caps are dispatched per run of steps, and there at batch > 1
-          the next cap up for a run of steps whenever what the batch knows of the first position
-          the current cap never reaches has decayed and the next cap is priced near it
-          (`probe_up`); parts with `takes_cap`, else their static L: SD and BV with one path, PLD
-          and CSD, whose longer caps verify wider, c_draft then being a verified token's cost
-    pays:  steps(cap) cost(cap) <= max_rows r c_ar, with each row's E(cap) raised by Z sd / sqrt(n)
-           (not for retrieval, which keeps measuring while it decodes plainly: below)
-
-(at batch > 1 each row's sums are pulled towards the batch's mean row by ROW_POOLING steps,
-RETRIEVAL_ROW_POOLING for retrieval, and for draft models a position's pull towards the row's
-pooled acceptance is scaled by the batch's acceptance there over its pooled one,
-`position_shape`), with n the row's short memory's effective number of steps: the noise
-allowance keeps a chance dip of a few steps from stopping speculation that pays on average,
-while a draft that is truly bad (E near 1, small spread) falls back after a few steps.
-At batch 1 these are the ratios E(l) / cost(l) against the break-even 1 / c_ar. Where the loop
-checks every step and dispatches caps per run, the cap and whether it pays are decided after a
-phase's first speculative step and every DECIDE_EVERY-th; elsewhere after every step (on GPU,
-after a phase's first step, run alone, and then every check: `speculative_run`).
-
-The sums are a short memory (DECAY per speculative step) that reverts to a long one (LONG_DECAY)
-during plain steps: a bad stretch of text sends the loop to plain decoding, and it probes again
-once the short memory is back near the long one (at once where speculation pays on average,
-after up to `pending_width` - 1 tokens where it does not). A probe (one speculative step) that
-does not pay doubles the number of plain phases before the next probe, up to MAX_BACKOFF, so
-text where speculation never pays costs few probes. Retrieval (`shadow_tree`: drafts that are
-point masses read off the context) needs none: each block of plain steps walks the draft made at
-its start with the tokens the block drew, which has the law of a speculative step's verdict
-(`ssd_jax.loop.shadow`), so the memories keep measuring while the loop decodes plainly, the
-cap and whether to speculate are decided after every block, and speculation resumes where the
-text turns copyable (PLD at batch 8 on CPU, paired: short prompts at T=0 1.05x AR against 0.99x
-with probes; LogitSpec on held-out code at T=0 1.03x against 0.91x). Draft models need none where
-their acceptance is token-wise (SD; every method at T=0; CSD's largest drafter, whose review
-gives the draft its law): plain steps record the target's probability of each token they draw,
-and when the draft catches up it scores itself on them (`chain_counts`: every token a speculative
-step starting there, each worth 1 / PLAIN_BLOCK steps), then the loop decides. Both memories
-start from PRIOR_STEPS steps at the plan's acceptance (the long one from BATCH_PRIOR_STEPS where a
-batch of rows caps its drafts with a model). Each alpha_k is shrunk towards the
-acceptance pooled over positions by POOLING steps' worth, so a position whose estimate fell low
-by chance (and that shorter caps then stop measuring) drifts back and is tried again.
-
-The choices use only past steps and the costs, never the current step's target probabilities,
-so the output law is the target's whatever they decide.
+The loop's functions take its static setup c (`LoopConfig`), its traced inputs x (`LoopInputs`)
+and its state s (`AdaptiveState`).
 """
 
 from __future__ import annotations
@@ -88,9 +44,12 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from ssd_jax.backend import policy_for
+from ssd_jax.loop.acceptance import (batch_steps, cap_index, position_counts, position_shape, probe_up,
+                                     tokens_moments, toward_batch, within_remaining)
 # compiled_caps, with_one and PENDING_WIDTH are re-exported for `ssd_jax.tuning` and the tests.
 from ssd_jax.loop.caps import PENDING_WIDTH, compiled_caps, narrowest, with_one  # noqa: F401
 from ssd_jax.loop.costs import NUM_COST_INPUTS, LoopCosts  # noqa: F401  (NUM_COST_INPUTS re-exported)
@@ -99,122 +58,56 @@ from ssd_jax.loop.skeleton import AdaptiveParts, DecodeState, Verdict, advance, 
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
-# Weight of the past in the running sums and averages (per speculative step), and how many
-# steps' worth of evidence the prior acceptance counts for.
+# Weight of the past in the short and the long memory (per speculative step), and how many steps'
+# worth of evidence the prior acceptance counts for.
 DECAY = 0.9
 LONG_DECAY = 0.98
 PRIOR_STEPS = 2.0
-# ... and for the long memory, which chooses the cap, where a batch of rows drafts with a model
-# and caps its drafts: the plan's acceptance is what earlier calls of the pair measured, and at
-# batch > 1 (no EXPLORE, caps dispatched per run of steps) a switch made on a call's first steps
-# holds. Short prompts accept less over their first ~12 steps (CSD at batch 8, T=0: the mean row's
-# E(4) fell from 3.32 to 2.77), and with 2 steps' worth of prior the loop left cap 4 for cap 2 and
-# stayed there: 56 steps where fixed L=4 took 44 (0.93 of it); with 4 steps' worth, 44. SD at
-# batch 8 on badguess went from 74 to 65 steps (fixed L=2: 64); 3 steps' worth was not enough
-# (short 57); 6 drafted longer on badguess, where L=4 buys nothing (mean draft 3.70 against 2.79
-# at the same 63 steps). Step counts with one calibration shared by the runs (AMD VM). `probe_up`
-# still counts the prior at PRIOR_STEPS' worth (`extra_prior`): what it waits for is measurement.
+# ... and for the long memory, which chooses the cap, where a batch of rows caps its drafts with a
+# model: the plan's acceptance is what earlier calls of the pair measured, and at batch > 1 (no
+# EXPLORE, caps dispatched per run of steps) a switch made on a call's first steps holds. Short
+# prompts accept less over their first steps, and with less prior the loop left a long cap on that
+# start and stayed at a short one. `probe_up` still counts the prior at PRIOR_STEPS' worth
+# (`extra_prior`): what it waits for is measurement.
 BATCH_PRIOR_STEPS = 4.0
-# The fall back's noise allowance, in standard errors of the short memory's tokens per step (at
-# T=1 a step's tokens vary by ~1.5 around ~3, so a 10-step memory dips below break-even by
-# chance; without it SD fell back on 20-30% of the steps of sets where every fixed L paid).
+# The fall back's noise allowance, in standard errors of the short memory's tokens per step: at
+# T=1 a step's tokens vary widely, so a memory of ~10 steps dips below break-even by chance, and
+# without the allowance the loop fell back on text where speculation paid at every fixed length.
 Z = 1.0
-# Weight of the past in the memory that chooses the cap where a batch of rows caps its drafts with a
-# model at T=0 (SD, BV, CSD at batch > 1; elsewhere the long memory chooses it). The batch runs at its
-# slowest row's pace, and on short prompts the row that sets it accepts far less over its first
-# ~20 tokens than over the rest (CSD at batch 8, T=0: E(2) 1.91 and E(4) 2.20 after 8 steps, where
-# its whole call took 58 steps at L=2 and 44 at L=4): the long memory's ~50 steps held the batch
-# at cap 2 for 43 of 57 steps where fixed L=4 took 44. A memory of ~12 steps lets that start fade.
-# The long memory stays what the fall back reverts to and what `probe_up` reads: with 0.92 for both,
-# CSD's short prompts read 0.976 of L=4 but a call on badguess fell back for 75% of its steps (0.79
-# of L=2); with the probes reading this memory, badguess read 0.936. Priced under one replayed
-# calibration per method (batch 8, T=0, the 12 cells of SD, BV and CSD): worst cell 0.943 against
-# 0.912, mean 0.981 against 0.972 (benchmarks/adaptive_notes.md, twelfth session). Not at T > 0,
-# where each step's acceptance also carries the sampling's noise, which ~12 steps of 8 rows do not
-# average out: SD at batch 8 on code at T=1 went to cap 1 (mean draft 1.09), 0.955 of fixed L=2,
-# where the long memory keeps cap 2 (1.00 of it).
+# Weight of the past in the memory that chooses the cap where a batch of rows caps its drafts with
+# a model at T=0 (SD, BV, CSD at batch > 1; elsewhere the long memory chooses it). The batch runs
+# at its slowest row's pace, and on short prompts the row that sets it accepts far less over its
+# first tokens than over the rest: the long memory's ~50 steps would hold the batch at a short cap
+# long after that start, while ~12 steps let it fade. The long memory stays what the fall back
+# reverts to and what `probe_up` reads (with this one there, calls fell back on text where
+# speculation paid). Not at T > 0, where each step's acceptance also carries the sampling's noise,
+# which ~12 steps of a batch do not average out.
 CAP_DECAY = 0.92
-# Steps' worth of pull of each position's acceptance towards the pooled one (POOLING = 2 left
-# SD's caps at 3.2 where L = 4-5 measured best at T=1; 8 brought them to 4.2).
-POOLING = 8.0
+# The most plain phases between probes, after failed ones.
 MAX_BACKOFF = 8
-# At batch 1 the cap is chosen with each position's acceptance raised by this many standard errors
-# of its long-memory estimate: positions past the current cap are not measured, so a few unlucky
-# steps at cap 4 left SD at cap 2 for most of a call where 4 paid 45% more (held-out code, T=0: 48
-# steps at a mean draft of 2.9 against fixed L=4's 33); as their evidence decays the bonus grows
-# and the longer cap is tried again. (It replaced leaning to the longest cap within 3% of the
-# best, which drafted too long: mean 5.4 where L=4 won.) Only the positions past the current cap:
-# raising the measured ones too lifted a long cap's estimate by a few percent per position, and at
-# T=1 SD drafted 5.5-6.2 where fixed L=4 won (0.94-0.96 of it on short and repeat; 0.98 now, AMD
-# VM, 7 paired rounds). Not at batch > 1, where 8 rows measure the positions and longer caps make
-# the batch wait for its unluckiest row.
+# At batch 1 the cap is chosen with each position past the current cap raised by this many
+# standard errors of its long-memory estimate: a step never reaches those positions, so a few
+# unlucky steps at a long cap would keep the loop at a short one for the rest of a call; as their
+# evidence decays the bonus grows and the longer cap is tried again. Only those positions: raising
+# the measured ones too drafted longer than paid. Not at batch > 1, where the rows measure the
+# positions and a longer cap makes the batch wait for its unluckiest row.
 EXPLORE = 0.5
-# Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1): the largest
-# of 8 rows' few-step estimates is mostly chance, and it would stop speculation that pays.
+# Steps' worth of pull of each row's sums towards the batch's mean row (batch > 1, `toward_batch`):
+# the largest of a batch's few-step estimates is mostly chance, and it would stop speculation that
+# pays.
 ROW_POOLING = 4.0
 # ... and for retrieval, whose rows' acceptance drifts towards the batch's over a call (the text a
-# row generates becomes copyable as it grows): at batch 8 on badguess at T=0 the rows the loop
-# measured lowest (1.5 tokens per step at cap 2) set the batch's pace and kept it at cap 1, where
-# fixed L=2, whose slowest row averaged 1.9, ran 1.2x faster (AMD VM, 7 paired rounds: auto 1.14x
-# AR at 4, 1.31-1.33x at 8 against L=2's 1.34x, 1.25-1.35x at 16, 1.14x at 32, capping longer).
+# row generates becomes copyable as it grows): with less pull, the rows measured lowest early on
+# set the batch's pace and held it at a cap shorter than pays.
 RETRIEVAL_ROW_POOLING = 8.0
-# Parts that dispatch their caps once per run of steps (`dispatch_caps`) change cap only for one
-# that is faster by this share: leaving one compiled step's loop for another's passes the KV caches
-# through a conditional, and between two caps of nearly equal speed the loop flipped every few steps.
-SWITCH_MARGIN = 0.05
-# Where caps are dispatched per run of steps at batch > 1 (no EXPLORE there), a run at the next cap
-# up whenever the batch's long-memory evidence at the first position the current cap never reaches
-# has decayed below this many steps' worth (`probe_up`): DECIDE_EVERY steps every ~50 at cap c + 1.
-# BV at batch 8 on CPU then left cap 1 (0.89-1.03 of the best fixed length, six sets below 0.95
-# before, two after); over SD's and BV's cells, 0.982 of the best at T=0 against 0.963 before,
-# 0.975 at T=1 against 0.966 (benchmarks/adaptive_notes.md).
-PROBE_BELOW = 1.0
-# ... and only where the model prices the next cap within this share of the current one: a probe
-# settles near ties, and a dearer cap's probe only costs. CSD at batch 8 probed its longest cap
-# (8 at T=0, 6 at T=1) from cap 4, a step 1.2-1.5x as long: without probes its four cells on code
-# and short read 0.93-0.97 of the best fixed length, 0.88-0.91 with them (7 paired rounds each).
-PROBE_WITHIN = 0.1
-# Where the loop checks every step (`adaptive_steps_per_check` 1) and dispatches its caps per run
-# of steps, the speculative steps between its choices of cap and fall back: the choice is ~60
-# small ops, which at batch 1 on CPU cost 8% of SD's step (code, T=0, forced cap 4 with caps
-# dispatched: 0.89 of fixed L=4; 0.97 without the choice), and a dispatched cap changes seldom
-# anyway. Where each step picks its own width (PLD, LogitSpec), the choice follows bursts of
-# text that retrieval copies: PLD on code at T=0 ran 0.94 of L=4 choosing every 4 steps, 1.00
-# every step.
+# Where the loop checks every step and dispatches its caps per run of steps, the speculative steps
+# between its choices of cap and fall back: the choice is ~60 small ops, a share of a small model's
+# step, and a dispatched cap changes seldom anyway. Where each step picks its own width (PLD,
+# LogitSpec), the loop chooses after every step, following the bursts of text retrieval copies.
 DECIDE_EVERY = 4
-# Plain steps between checks of whether speculation pays, on every backend (each check is a few
-# tens of small ops: at batch 8 on CPU, checking every plain step cost PLD's fallback ~3% of AR).
+# Plain steps between checks of whether speculation pays, on every backend: each check is a few
+# tens of small ops, a share of a plain step.
 PLAIN_BLOCK = 4
-
-
-def probe_up(index: jax.Array, candidate: jax.Array, long_reached: jax.Array, running: jax.Array,
-             seconds: jax.Array) -> jax.Array:
-    """The cap index to run (int32 []): the next candidate above `index` (int32 []; candidate
-    bool [L]) where the running rows' (bool [B]) mean long-memory evidence at that cap's first
-    new position (long_reached float32 [B, L]) has decayed below PROBE_BELOW steps' worth and
-    its seconds to finish the batch (seconds float32 [L]) are within PROBE_WITHIN of index's,
-    else index. A step at cap c never reaches position c + 1, so what the loop knows of it is pooled
-    from the positions it measures; acceptance clusters (a token after an accepted one is the
-    likelier accepted), so the pooled guess runs low and a near tie between c and the next cap
-    stays at c (at batch 8, caps near 1 where fixed L=2 ran 10-15% faster)."""
-    later = candidate & (jnp.arange(candidate.shape[0]) > index)
-    has_next = jnp.any(later)
-    nxt = jnp.where(has_next, jnp.argmax(later), index).astype(jnp.int32)
-    weight = running.astype(jnp.float32) / jnp.maximum(jnp.sum(running), 1)
-    evidence = jnp.sum(long_reached[:, jnp.minimum(index + 1, candidate.shape[0] - 1)] * weight)
-    near = seconds[nxt] <= (1 + PROBE_WITHIN) * seconds[index]
-    return jnp.where(has_next & (evidence < PROBE_BELOW) & near, nxt, index).astype(jnp.int32)
-
-
-def cap_index(seconds: jax.Array, current: jax.Array, sticky: bool) -> jax.Array:
-    """The index (int32 []) of the cap a step runs at, from the seconds to finish the batch by
-    cap (float32 [L], inf where l is no candidate): the fastest (the longest of exact ties), or
-    where `sticky` (caps dispatched once per run of steps) the current index (int32 []) unless the
-    fastest is SWITCH_MARGIN faster than it."""
-    index = seconds.shape[-1] - 1 - jnp.argmin(seconds[::-1])
-    if sticky:
-        index = jnp.where(seconds[current] * (1 - SWITCH_MARGIN) <= seconds[index], current, index)
-    return jnp.asarray(index, jnp.int32)
 
 
 @struct.dataclass
@@ -275,134 +168,6 @@ class Evidence:
     probe_reached: jax.Array
     forward_share: jax.Array
     chosen: jax.Array
-
-
-def pooled_acceptance(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
-    """The acceptance pooled over all positions, float32 [..., 1], from per-position sums float32
-    [..., L] (no evidence at all: the prior acceptance)."""
-    tiny = 1e-6
-    return ((jnp.sum(accepted, axis=-1, keepdims=True) + tiny * prior)
-            / (jnp.sum(reached, axis=-1, keepdims=True) + tiny))
-
-
-def reach_probabilities(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
-                        optimism: float | jax.Array = 0.0, shape: jax.Array | None = None) -> jax.Array:
-    """P(a step emits more than k tokens) = prod_{j<=k} alpha_j for k = 1..L, float32 [..., L],
-    from the per-position sums float32 [..., L] (a row's, or one per row), each shrunk towards
-    the acceptance pooled over all positions by POOLING steps' worth (no evidence at all: the
-    prior acceptance), times shape_k where given (float32 [L], `position_shape`). Without the
-    pull, a position whose estimate fell low by chance is no longer drafted, so never corrected:
-    the caps would drift short. optimism: each alpha_k raised by that many standard errors,
-    sqrt(alpha (1 - alpha) / n_k) with n_k = R_k + POOLING."""
-    pooled = pooled_acceptance(reached, accepted, prior)
-    if shape is not None:
-        pooled = jnp.clip(pooled * shape, 0.0, 1.0)
-    alpha = jnp.clip((accepted + POOLING * pooled) / (reached + POOLING), 0.0, 1.0)
-    alpha = jnp.minimum(alpha + optimism * jnp.sqrt(alpha * (1 - alpha) / (reached + POOLING)), 1.0)
-    return jnp.cumprod(alpha, axis=-1)
-
-
-def expected_tokens_by_cap(reached: jax.Array, accepted: jax.Array, prior: jax.Array) -> jax.Array:
-    """E(l) for l = 1..L, float32 [..., L]."""
-    return 1 + jnp.cumsum(reach_probabilities(reached, accepted, prior), axis=-1)
-
-
-def tokens_moments(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
-                   optimism: float | jax.Array = 0.0, shape: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """(E(l), sd(l)) for l = 1..L, float32 [..., L] each: the mean and spread of the tokens a step
-    capped at l emits, under the per-position model (`reach_probabilities`): E = 1 + sum_k P_k,
-    E[T^2] = 1 + sum_k (2k + 1) P_k over k <= l."""
-    p = reach_probabilities(reached, accepted, prior, optimism, shape)
-    k = jnp.arange(1, reached.shape[-1] + 1, dtype=jnp.float32)
-    mean = 1 + jnp.cumsum(p, axis=-1)
-    second = 1 + jnp.cumsum((2 * k + 1) * p, axis=-1)
-    return mean, jnp.sqrt(jnp.maximum(second - mean * mean, 0.0))
-
-
-def tokens_mean_and_spread(reached: jax.Array, accepted: jax.Array, prior: jax.Array,
-                           cap: jax.Array, shape: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """(E, sd) of the tokens a step capped at `cap` emits, float32 [...] each."""
-    mean, sd = tokens_moments(reached, accepted, prior, shape=shape)
-    return mean[..., cap - 1], sd[..., cap - 1]
-
-
-def within_remaining(mean: jax.Array, sd: jax.Array, remaining: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(E(l), sd(l)) by cap l = 1..L, float32 [B, L] each, of the tokens a step emits that its row
-    keeps: a row with r tokens left (remaining int32 [B]) keeps at most r, and min(T_l, r) =
-    T_min(l, r - 1), so cap l counts as cap min(l, r - 1) there (cap 0: one token, no spread).
-    Without it the call's last steps priced a long cap's tokens the row can never keep: at one
-    token left SD drafted 8 tokens for it (a step at r / E(8) < 1 steps), where a plain step
-    costs half as much."""
-    length = mean.shape[-1]
-    caps = jnp.minimum(jnp.arange(1, length + 1)[None, :], jnp.clip(remaining, 1, length + 1)[:, None] - 1)
-    index = jnp.maximum(caps - 1, 0)
-    kept = jnp.where(caps > 0, jnp.take_along_axis(mean, index, axis=-1), 1.0)
-    return kept, jnp.where(caps > 0, jnp.take_along_axis(sd, index, axis=-1), 0.0)
-
-
-def expected_largest_normal(count: jax.Array) -> jax.Array:
-    """The expected largest of `count` standard normal draws (Blom's approximation,
-    Phi^-1((n - 0.375) / (n + 0.25))): 0 for one, 0.59 for two, 1.43 for eight (exactly: 1.42)."""
-    n = jnp.maximum(count, 1).astype(jnp.float32)
-    return jax.scipy.special.ndtri((n - 0.375) / (n + 0.25))
-
-
-def batch_steps(mean: jax.Array, sd: jax.Array, remaining: jax.Array, running: jax.Array) -> jax.Array:
-    """The steps the batch still needs, float32 [...]: the most any running row needs for its
-    remaining tokens at mean +- sd tokens per step (mean, sd float32 [B, ...]; remaining int32 [B];
-    running bool [B]): r / mean + z_B sqrt(r) sd / mean^1.5, with z_B the expected largest of the
-    running rows' standardised spreads (`expected_largest_normal`), at most r (a step emits at
-    least one token: at a large batch the spread term alone had counted more)."""
-    extra = (mean.ndim - 1) * (None,)
-    r = jnp.maximum(remaining, 0).astype(jnp.float32)[(slice(None),) + extra]
-    mean = jnp.maximum(mean, 1.0)
-    z = expected_largest_normal(jnp.sum(running))
-    steps = jnp.minimum(r / mean + z * jnp.sqrt(r) * sd / mean ** 1.5, r)
-    return jnp.max(jnp.where(running[(slice(None),) + extra], steps, 0.0), axis=0)
-
-
-def toward_batch(reached: jax.Array, accepted: jax.Array, running: jax.Array,
-                 pooling: float = ROW_POOLING) -> tuple[jax.Array, jax.Array]:
-    """Per-row sums float32 [B, L] with `pooling` steps of the running rows' (bool [B]) mean
-    row added to each row's."""
-    weight = running.astype(jnp.float32)[:, None] / jnp.maximum(jnp.sum(running), 1)
-    mean_reached = jnp.sum(reached * weight, axis=0)
-    mean_accepted = jnp.sum(accepted * weight, axis=0)
-    per_step = pooling / jnp.maximum(mean_reached[0], 1e-6)
-    return reached + per_step * mean_reached, accepted + per_step * mean_accepted
-
-
-def position_shape(reached: jax.Array, accepted: jax.Array, running: jax.Array, prior: jax.Array) -> jax.Array:
-    """The batch's acceptance at each position over its acceptance pooled over positions, float32
-    [L], from the running rows' (bool [B]) sums float32 [B, L] (each position shrunk towards the
-    pooled one by POOLING of the batch's steps): what a row's estimates are pulled towards, times
-    the row's own pooled acceptance. Acceptance clusters (a token after an accepted one is the
-    likelier accepted), so a row's pooled acceptance, mostly position 1's, prices the positions
-    past a cap low; a step at cap c never reaches c + 1, and after a few steps' probe there the
-    rows' own few reaches left that low guess outweighing what the 8 rows measured: a batch of 8
-    settled at cap 1 where L=2 ran 9% faster."""
-    rows = running.astype(jnp.float32)[:, None]
-    batch_reached = jnp.sum(reached * rows, axis=0)
-    batch_accepted = jnp.sum(accepted * rows, axis=0)
-    pooled = pooled_acceptance(batch_reached, batch_accepted, prior)
-    alpha = (batch_accepted + POOLING * pooled) / (batch_reached + POOLING)
-    return alpha / jnp.maximum(pooled, 1e-6)
-
-
-def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
-    """Whether each row in `active` (bool [B]) had its draft reach each position 1..L this step
-    and its token there accepted, float32 [B, L] each (a row reaches k when it proposed k tokens
-    and the first k - 1 were accepted). A row that proposed nothing (retrieval that found no
-    match, a draft unsure of its first token) counts as reaching 1 and missing there: its step
-    emitted one token at a speculative step's cost, and a model that took it for no evidence
-    kept PLD speculating at T=1 on batches of 8 where 36% of its steps proposed anything."""
-    k = jnp.arange(1, draft_len + 1, dtype=jnp.int32)[None, :]
-    drafted = verdict.drafted if verdict.drafted is not None else jnp.full_like(verdict.accepted, draft_len)
-    accepted = verdict.accepted[:, None]
-    rows = active[:, None]
-    reached = rows & ((drafted[:, None] >= k) | (k == 1)) & (accepted >= k - 1)
-    hit = rows & (accepted >= k)
-    return reached.astype(jnp.float32), hit.astype(jnp.float32)
 
 
 # ----------------------------------------------------------------------------- the loop's setup
@@ -495,6 +260,18 @@ class LoopConfig:
         return RETRIEVAL_ROW_POOLING if self.shadows else ROW_POOLING
 
     @property
+    def candidate(self) -> np.ndarray:
+        """bool [L]: the caps the loop may choose, 1 and the compiled caps. A step verifies at the
+        narrowest compiled width holding its drafts, so a cap between two compiled ones costs the
+        wider one's step, which the linear price (`step_costs`) would under-price."""
+        return np.isin(np.arange(1, self.draft_len + 1), with_one(self.parts.verify_caps))
+
+    @property
+    def positions(self) -> np.ndarray:
+        """float32 [L]: the draft positions (and caps) 1..L."""
+        return np.arange(1, self.draft_len + 1, dtype=np.float32)
+
+    @property
     def plain_block(self) -> int:
         """Plain steps between checks of whether speculation pays."""
         return max(self.steps_per_check, PLAIN_BLOCK)
@@ -504,43 +281,34 @@ class LoopConfig:
 class LoopInputs:
     """The adaptive loop's traced inputs, the same at every step, and what it derives from them
     once on entry. keys uint32 [B, 2], max_new int32 [], eos_ids int32 [E]: as the skeleton's
-    `run`; pause_at int32 [] or None: as `resume_adaptive`'s; costs: `LoopCosts`; candidate bool
-    [L]: the caps the loop may choose, 1 and the compiled caps (a step verifies at the narrowest
-    compiled width holding its drafts, so a cap between two compiled ones costs the wider one's
-    step, which the linear price under-prices); forced bool []: costs.forced_cap > 0; positions
-    float32 [L]: 1..L; acceptance float32 []: costs.acceptance clipped to [0, 0.999];
+    `run`; pause_at int32 [] or None: as `resume_adaptive`'s; costs: `LoopCosts`; forced bool []:
+    costs.forced_cap > 0; acceptance float32 []: costs.acceptance clipped to [0, 0.999];
     prior_reached, prior_accepted float32 [B, L]: one step's worth of sums at that acceptance
-    (a^(k-1) and a^k at position k); zero int32 []."""
+    (a^(k-1) and a^k at position k)."""
 
     keys: jax.Array
     max_new: jax.Array
     eos_ids: jax.Array
     pause_at: jax.Array | None
     costs: LoopCosts
-    candidate: jax.Array
     forced: jax.Array
-    positions: jax.Array
     acceptance: jax.Array
     prior_reached: jax.Array
     prior_accepted: jax.Array
-    zero: jax.Array
 
 
-def loop_inputs(c: LoopConfig, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array,
-                pause_at: jax.Array | None) -> LoopInputs:
-    """The loop's `LoopInputs` from the cost vector float32 [NUM_COST_INPUTS (+ L)]
-    (`LoopCosts.from_vector`) and the rest as `resume_adaptive` takes them."""
-    L = c.draft_len
-    named = LoopCosts.from_vector(costs, L)
-    candidate = jnp.isin(jnp.arange(1, L + 1), jnp.asarray(with_one(c.parts.verify_caps)))
-    forced = named.forced_cap > 0
-    positions = jnp.arange(1, L + 1, dtype=jnp.float32)
+def loop_inputs(c: LoopConfig, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
+                costs: jax.Array | LoopCosts, pause_at: jax.Array | None) -> LoopInputs:
+    """The loop's `LoopInputs` from its costs (`LoopCosts`, or the cost vector float32
+    [NUM_COST_INPUTS (+ L)] the compiled programs take: `LoopCosts.from_vector`) and the rest as
+    `resume_adaptive` takes them."""
+    named = costs if isinstance(costs, LoopCosts) else LoopCosts.from_vector(costs, c.draft_len)
     a = jnp.clip(named.acceptance, 0.0, 0.999)
-    prior_reached = jnp.broadcast_to(a ** (positions - 1), (c.batch, L))
-    prior_accepted = jnp.broadcast_to(a ** positions, (c.batch, L))
+    shape = (c.batch, c.draft_len)
     return LoopInputs(keys=keys, max_new=max_new, eos_ids=eos_ids, pause_at=pause_at, costs=named,
-                      candidate=candidate, forced=forced, positions=positions, acceptance=a,
-                      prior_reached=prior_reached, prior_accepted=prior_accepted, zero=jnp.zeros((), jnp.int32))
+                      forced=named.forced_cap > 0, acceptance=a,
+                      prior_reached=jnp.broadcast_to(a ** (c.positions - 1), shape),
+                      prior_accepted=jnp.broadcast_to(a ** c.positions, shape))
 
 
 def initial_state(c: LoopConfig, x: LoopInputs, state: DecodeState) -> AdaptiveState:
@@ -548,7 +316,8 @@ def initial_state(c: LoopConfig, x: LoopInputs, state: DecodeState) -> AdaptiveS
     worth; the long one and the cap's `LoopConfig.long_prior`), nothing pending but the draft's
     chunk, no choice made yet."""
     pending, pending_len = c.parts.pending(state.inner)
-    prior_reached, prior_accepted, long_prior, zero = x.prior_reached, x.prior_accepted, c.long_prior, x.zero
+    prior_reached, prior_accepted, long_prior = x.prior_reached, x.prior_accepted, c.long_prior
+    zero = jnp.zeros((), jnp.int32)
     return AdaptiveState(
         decode=state, reached=PRIOR_STEPS * prior_reached, accepted=PRIOR_STEPS * prior_accepted,
         long_reached=long_prior * prior_reached, long_accepted=long_prior * prior_accepted,
@@ -604,7 +373,7 @@ def step_costs(c: LoopConfig, x: LoopInputs, e: Evidence) -> jax.Array:
     cap's step, else spec_step plus the draft forwards that ran (the cap's l - 1 times the running
     share, `AdaptiveState.forward_share`) at draft_forward each."""
     costs = x.costs
-    forwards = e.forward_share * (x.positions - 1) if c.priced else 0 * x.positions
+    forwards = e.forward_share * (c.positions - 1) if c.priced else 0 * c.positions
     linear = costs.spec_step + forwards * costs.draft_forward
     return linear if costs.cap_seconds is None else jnp.where(costs.cap_seconds > 0, costs.cap_seconds, linear)
 
@@ -636,10 +405,10 @@ def best_cap_index(c: LoopConfig, x: LoopInputs, e: Evidence, cost: jax.Array) -
     optimism = EXPLORE * unreached.astype(jnp.float32) if c.batch == 1 else 0.0
     mean, sd = within_remaining(*tokens_moments(reached, accepted, x.acceptance, optimism=optimism, shape=shape),
                                 e.remaining)
-    seconds = jnp.where(x.candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
+    seconds = jnp.where(c.candidate, batch_steps(mean, sd, e.remaining, e.running) * cost, jnp.inf)
     best = cap_index(seconds, e.chosen, sticky=c.dispatch is not None)
     probes = c.dispatch is not None and c.batch > 1
-    index = probe_up(best, x.candidate, e.probe_reached, e.running, seconds) if probes else best
+    index = probe_up(best, c.candidate, e.probe_reached, e.running, seconds) if probes else best
     return best, index
 
 
@@ -850,7 +619,7 @@ def speculative_phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState, probe: jax
     around a `while_loop`), not per step: a switch per step passes the KV caches through a
     conditional, which XLA:CPU copies, while the cap changes seldom."""
     loop_while = functools.partial(speculating, c, x, probe)
-    s = s.replace(spec_steps=x.zero)
+    s = s.replace(spec_steps=jnp.zeros((), jnp.int32))
     if c.dispatch is None:
         return speculative_run(c, x, loop_while, s)
     runs = [functools.partial(at_dispatched_width, c, x, loop_while, i) for i in range(len(c.dispatch))]
@@ -903,18 +672,19 @@ def phase(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
 
 
 def run_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                 keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                 keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array | LoopCosts, *,
                  sampling: SamplingParams, out_size: int, placement=None) -> DecodeState:
     """`ssd_jax.loop.skeleton.run` with the per-step cap and the fallback to plain decoding.
-    parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs
-    float32 [NUM_COST_INPUTS (+ L)] (`LoopCosts.from_vector`). Returns the final DecodeState."""
+    parts: `SpeculativeParts`, `RetrievalParts` or `CascadeParts` with pending_width > 0; costs:
+    `LoopCosts`, or the float32 vector [NUM_COST_INPUTS (+ L)] the compiled programs take
+    (`LoopCosts.from_vector`). Returns the final DecodeState."""
     state = begin_adaptive(parts, tparams, tcfg, tokens, lengths, keys, max_new, eos_ids, costs, sampling=sampling,
                            out_size=out_size, placement=placement)
     return resume_adaptive(parts, tparams, keys, max_new, eos_ids, costs, state, sampling=sampling).decode
 
 
 def begin_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-                   keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array, *,
+                   keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, costs: jax.Array | LoopCosts, *,
                    sampling: SamplingParams, out_size: int, placement=None) -> AdaptiveState:
     """Prefill, the first token and the adaptive loop's state on entry (its memories at the prior,
     the first choice made): `run_adaptive`'s arguments, no step taken."""
@@ -926,7 +696,7 @@ def begin_adaptive(parts: AdaptiveParts, tparams: dict, tcfg: ModelConfig, token
 
 
 def resume_adaptive(parts: AdaptiveParts, tparams: dict, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array,
-                    costs: jax.Array, state: AdaptiveState, pause_at: jax.Array | None = None, *,
+                    costs: jax.Array | LoopCosts, state: AdaptiveState, pause_at: jax.Array | None = None, *,
                     sampling: SamplingParams) -> AdaptiveState:
     """The adaptive loop from `state` (`begin_adaptive`'s, or a paused one) until every row is
     done, or where pause_at (int32 []) is given, until every row is done or holds pause_at tokens

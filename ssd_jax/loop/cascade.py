@@ -111,13 +111,10 @@ class CascadeParts:
         """The caps the adaptive loop compiles one step for and dispatches on once per run of steps
         at that cap (`step(width=n)`), at batch >= 2 where verification has several compiled
         widths; None (batch 1, or one width) where each step picks its width (`step`). A switch
-        per step passes the target's KV cache through the conditional, which XLA:CPU copies: at
-        batch 8 on the embedded models a step forced to cap 2 took 17.8 ms against 15.3 ms for
-        fixed L=2, and 13.8 ms against 14.0 ms with no switch. The cascade is then compiled once
-        per cap, so the caps are few: the compiled caps but 1 (a cap of 1 verifies at 2, as the
-        calibration's cap-1 run does) and a power of two just below the widest (8 of 9): at T=0
-        2, 4, 9 (batch 8, embedded models, compile against the per-step switch's: T=0 10.3 s
-        against 9.8 s, T=1 22.1 s against 17.4 s; with every compiled cap, 14.3 s and 27.5 s)."""
+        per step passes the target's KV cache through the conditional, which XLA:CPU copies every
+        step. The cascade is then compiled once per cap, so the caps are kept few to bound the
+        compile time: the compiled caps but 1 (a cap of 1 verifies at 2, as the calibration's
+        cap-1 run does) and a power of two just below the widest (8 of 9): at T=0 2, 4, 9."""
         if not self.takes_cap or batch < 2 or len(self.verify_caps) == 1:
             return None
         widest = self.verify_caps[-1]
@@ -128,9 +125,9 @@ class CascadeParts:
         """One cascade step; cap int32 []: the most draft tokens the target verifies (`takes_cap`:
         the narrowest compiled width holding every active row's capped draft, a choice made from
         the drafts alone, or `width` (static, >= cap) where the loop dispatches per cap). The
-        cascade drafts as scheduled at every cap. At batch 8 on CPU a 10-token verification
-        costs ~2.3x a 1-token one: with the default cap of 9 at T=0 "auto" ran at 0.78-0.92x AR
-        where a cap of 2 ran at 1.19-1.30x."""
+        cascade drafts as scheduled at every cap. At a batch of several rows a wide verification
+        costs several narrow ones, so verifying the whole default cap where rows accept little
+        loses to plain decoding; the cap lets the loop verify only what pays."""
         checked = self.schedule.target_width  # the target verifies at most the first `checked` tokens of the block
         capacity, dstate = self.capacity, state.inner
         rows = jnp.arange(keys.shape[0])

@@ -15,7 +15,7 @@ from ssd_jax.loop.autoregressive import ar_parts, in_loop_params
 from ssd_jax.loop.cascade import cascade_parts
 from ssd_jax.loop.retrieval import retrieval_parts
 from ssd_jax.loop.adaptive_loop import AdaptiveState, begin_adaptive, resume_adaptive, run_adaptive
-from ssd_jax.loop.skeleton import DecodeState, loop, run, start
+from ssd_jax.loop.skeleton import DecodeState, Parts, loop, run, start
 from ssd_jax.loop.speculative import speculative_parts
 from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
 from ssd_jax.model import Model
@@ -45,7 +45,7 @@ def split_cascade(draft) -> tuple[tuple, object]:
 
 
 def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, prompt_width: int, out_size: int,
-               plan=None):
+               plan=None) -> Parts:
     """The skeleton parts of `method` for these models (traced params inside) and static sizes;
     plan: the `AutoPlan` of a method with draft_len "auto"."""
     tparams, tcfg = in_loop_params(target), target.config
@@ -89,7 +89,7 @@ def decode_arrays(target: Model, draft, tokens: jax.Array, lengths: jax.Array, k
     Likewise, with a target sharded over a "data" axis of size d, the batch is padded with copies
     of row 0 to a multiple of d so its rows split evenly over "data".
     A method with draft_len "auto" runs the adaptive loop (`ssd_jax.loop.adaptive_loop`) with
-    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.tuning.cost_model.loop_inputs`),
+    plan (static `AutoPlan`) and costs (float32 [5 + L], `ssd_jax.loop.costs.LoopCosts.from_vector`),
     both required: the loop reads no memory of its own."""
     rows = tokens.shape[0]
     extra = _extra_rows(rows, method, target)

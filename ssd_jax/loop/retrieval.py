@@ -76,9 +76,8 @@ class RetrievalParts:
         steps at that cap (`step(width=n)`: the chain verified at n whatever the copies' lengths),
         at batch >= 2 where verification has several compiled widths; None (batch 1, LogitSpec,
         one width) where each step picks its own width. A switch per step passes the target's KV
-        cache through the conditional, which XLA:CPU copies: at batch 8 on the embedded target,
-        PLD forced to cap 2 ran 0.90-0.93 of fixed L=2 at the same tokens per step. At batch 1 the
-        per-step width keeps its worth: a step where the lookup found nothing costs a plain one."""
+        cache through the conditional, which XLA:CPU copies every step. At batch 1 the per-step
+        width keeps its worth: a step where the lookup found nothing costs a plain one."""
         if not self.takes_cap or batch < 2 or len(self.verify_caps) == 1:
             return None
         return with_one(self.verify_caps)
@@ -174,9 +173,9 @@ class RetrievalParts:
         narrowest compiled width holding every active row's copy (no token when no row found one:
         a plain step's cost; then 1 and `verify_caps`), a choice made from the copies alone, so
         each row's verdict stays exact, or where the loop dispatches caps (`dispatch_caps`), its
-        `width`. At batch 8 on CPU a 9-token verification costs ~2.3x a 1-token one: with one
-        static width PLD lost to plain decoding where few rows find a long match. draft_forwards
-        counts the chain's tokens past the first (what the loop prices)."""
+        `width`. At a batch of several rows a wide verification costs several narrow ones: with
+        one static width PLD lost to plain decoding where few rows find a long match.
+        draft_forwards counts the chain's tokens past the first (what the loop prices)."""
         L, inner = self.draft_len, state.inner
         b = keys.shape[0]
         rows = jnp.arange(b)

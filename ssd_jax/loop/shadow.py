@@ -6,7 +6,7 @@ the draw is a child (`ssd_jax.verify.point_tree`). Plain decoding draws the same
 same distributions, so walking the draft made at a plain block's first step with the tokens the
 block emitted gives a depth with the law a speculative step's accepted count has (at every
 temperature): the adaptive loop learns the acceptance while it decodes plainly, and needs no
-probes (speculative steps run only to measure, each costing 2-4 plain steps at batch 8 on CPU).
+probes (speculative steps run only to measure, each costing several plain steps in a batch).
 
 A draft model's proposals are not known during plain steps (drafting is what plain decoding
 saves), but when the draft reads the tokens it missed (the loop's resync, one forward) its law q_j
@@ -50,7 +50,7 @@ def matched_depth(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray,
 def shadow_counts(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray, emitted: jax.Array,
                   emitted_len: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
     """(reached, accepted) float32 [B, draft_len]: the per-position counts
-    (`ssd_jax.loop.adaptive_loop.position_counts`) of a speculative step whose draft was the
+    (`ssd_jax.loop.acceptance.position_counts`) of a speculative step whose draft was the
     tree (arguments as `matched_depth`), over the positions whose outcome the block shows, k <=
     emitted_len: a row that drew K tokens and matched all K reached K + 1 with its outcome unknown.
     A row whose tree holds no draft counts as reaching 1 and missing there, as in a real step."""

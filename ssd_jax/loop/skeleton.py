@@ -67,8 +67,9 @@ class Verdict:
 
 
 class Parts(Protocol):
-    """What the skeleton reads of a method's parts.
+    """What the skeleton (and `ssd_jax.loop.decoder`) reads of a method's parts.
 
+    tparams: the target's params the steps run on (`ssd_jax.loop.autoregressive.in_loop_params`);
     capacity: KV cache slots of the method's buffers (the target's cache takes at most the prompt,
         the outputs and one step's room: `target_capacity`);
     room: slots one step may need past the committed text (a row without them ends with finish
@@ -84,6 +85,7 @@ class Parts(Protocol):
         (fold_in(row key, step)); active bool [B] the running rows.
     """
 
+    tparams: dict
     capacity: int
     room: int
     chain_writes: bool
@@ -183,9 +185,8 @@ def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
     (`chain_writes` or `room_gated` parts) or those and one step's room (+2). Parts size their
     capacity for a draft's cache and context too (SD's and CSD's drafters lag by up to a plain
     phase's tokens under adaptive speculation), which the target never writes; and a decode step
-    reads every slot of its cache: on the embedded target at batch 8 on CPU an AR step took
-    5.5-5.9 ms with 192-224 slots and 7.2 ms with 240-256, a cliff in the host's caches, and
-    PLD's plain fallback ran at 0.96x AR with 203 slots on 64-token prompts, 1.04x with AR's 192.
+    reads every slot of its cache, so slots the target never uses slow every step (the more so
+    past a size where the host's caches stop holding them).
 
     A chain needs no room: a row with n tokens out holds its prompt and n - 1 of them, and the
     step's query at depth i, at slot lengths + i, gives the law of output n + 1 + i, kept only up

@@ -48,8 +48,8 @@ SPECULATIVE_METHODS: dict[str, tuple[Callable, bool]] = {
 # rejection and SpecTr's k-sequential rule with one candidate are token-level speculative
 # sampling, and GBV with one path is block verification (`verify.gbv`). The tree walk verifies
 # every drafted token; verified as a single path, a step whose draft was capped below the planned
-# length (one path under "auto") masks the unproposed tail (`lengths=`), where the walk had
-# verified padding (SpecInfer "auto" at T=1 then ended most calls with EOS within 6 tokens).
+# length (one path under "auto") masks the unproposed tail (`lengths=`), where the walk would
+# verify padding as if it were drafted.
 SINGLE_PATH_FORM = {"specinfer": "sd", "spectr": "sd", "gbv": "bv"}
 
 
@@ -116,7 +116,7 @@ class SpeculativeParts:
     def scan_caps_from_batch(self) -> int:
         """The batch from which a capped single-path step drafts in one `lax.scan` per compiled
         cap (`_per_cap_step`) instead of the early-stopping `while_loop` (the backend
-        policy's: 1 on CPU and GPU, 2 on TPU until measured there)."""
+        policy's `adaptive_scan_from_batch`)."""
         return policy_for(self.tparams).adaptive_scan_from_batch
 
     @property
@@ -220,11 +220,10 @@ class SpeculativeParts:
         the loop's `width`, else a `lax.switch` here), drafting n tokens in a `lax.scan` and
         verifying n + 1, the narrowest holding the cap (rows propose min(cap, n) tokens). A
         batch's draft forwards run until its last row stops, so the per-row early stop saves
-        nothing here: at batch 8 on CPU the early-stopping `while_loop` step cost 13-20% more
-        than a fixed-length step of the same cap. At batch 1 on CPU the per-step verification
-        switch of the `while_loop` path passed the target's KV cache through a conditional,
-        which copied it in and out every step (24 copies of 128 KB per step for the embedded
-        target); one program per cap, dispatched per run of steps, does not."""
+        nothing in a batch, while its `while_loop` costs more than a fixed-length scan of the same
+        cap. And the per-step verification switch of the `while_loop` path passes the target's KV
+        cache through a conditional, which XLA:CPU copies in and out every step; one program per
+        cap, dispatched per run of steps, does not."""
         L, vocab = self.num_draft_tokens, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
@@ -236,8 +235,7 @@ class SpeculativeParts:
                 num_draft_tokens=n, sampling=self.sampling, target_vocab=vocab, unroll=self.unroll_draft_steps)
             # Every row proposes all it drafted, up to the cap: the forwards and the verified
             # width are spent whatever the draft's confidence, and a proposal cut at its first
-            # unsure token (`draft_path_until_unsure`'s rule) only gives up tokens (SD at batch 1,
-            # code, T=0, forced cap 8: 96 steps with the cut, against fixed L=8's 91).
+            # unsure token (`draft_path_until_unsure`'s rule) only gives up tokens.
             if width is None:
                 proposed = jnp.where(active, jnp.minimum(limit, n), 0).astype(jnp.int32)
             else:
