@@ -17,7 +17,7 @@ method and temperature before and after, the ratio (>= 0.97 passes), and whether
 the same tokens. Then the main job (`ssd-jax generate "def fibonacci(n):"`'s call: SD at its
 defaults with draft_small, 128 tokens, a measuring tuner) in a fresh process per side, no compile
 cache and an empty calibration folder: its first call (compile, measurement and run) and the
-median of its later calls. Writes benchmarks/results/api_regression.json and api_regression.png.
+median of its later calls, the two sides' later calls alternating. Writes benchmarks/results/api_regression.json and api_regression.png.
 """
 
 from __future__ import annotations
@@ -123,19 +123,27 @@ def _method_row(sides: dict, method: str, temperature: float, rounds: int) -> di
     return row
 
 
-def _main_job(tree: str, new_tokens: int) -> dict:
-    """The main job in a fresh process with nothing cached: its first call's seconds end to end
-    and the median wall seconds of MAIN_LATER_CALLS later calls."""
+def _main_jobs(trees: dict, new_tokens: int) -> dict:
+    """The main job in a fresh process per side with nothing cached: each side's first call's
+    seconds end to end, then MAIN_LATER_CALLS later calls per side, the sides alternating call by
+    call, and their median wall seconds."""
+    prompt = MAIN_PROMPT.replace("\n", "\\n")
     with tempfile.TemporaryDirectory() as calibrations:
-        worker = Worker(tree, new_tokens, 1, deterministic=False, calibration_dir=calibrations)
-        prompt = MAIN_PROMPT.replace("\n", "\\n")
-        first = worker.ask(f"main {prompt}")
-        later = [worker.ask(f"main {prompt}")["wall"] for _ in range(MAIN_LATER_CALLS)]
-        worker.close()
-    return dict(first_call_s=first["seconds"], later_call_s=statistics.median(later), later_calls_s=later)
+        workers = {side: Worker(tree, new_tokens, 1, deterministic=False,
+                                calibration_dir=os.path.join(calibrations, side)) for side, tree in trees.items()}
+        jobs = {side: dict(first_call_s=worker.ask(f"main {prompt}")["seconds"], later_calls_s=[])
+                for side, worker in workers.items()}
+        for call in range(MAIN_LATER_CALLS):
+            for side in (("before", "after") if call % 2 == 0 else ("after", "before")):
+                jobs[side]["later_calls_s"].append(workers[side].ask(f"main {prompt}")["wall"])
+        for worker in workers.values():
+            worker.close()
+    for job in jobs.values():
+        job["later_call_s"] = statistics.median(job["later_calls_s"])
+    return jobs
 
 
-def run(before: str, rounds: int, count: int, new_tokens: int, methods: list[str]) -> dict:
+def run(before: str, rounds: int, count: int, new_tokens: int, methods: list[str], main_job: bool = True) -> dict:
     from benchmarks.common import load_average, machine_info
 
     after = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -148,11 +156,13 @@ def run(before: str, rounds: int, count: int, new_tokens: int, methods: list[str
                        capture_output=True)
         try:
             trees = {"before": old_tree, "after": REPO}
-            for side, tree in trees.items():
-                results["main_job"][side] = job = _main_job(tree, new_tokens)
-                print(f"main job {side}: first call {job['first_call_s']:.2f} s, later calls "
-                      f"{job['later_call_s'] * 1e3:.1f} ms", flush=True)
-            sides = {side: Worker(tree, new_tokens, count, deterministic=True) for side, tree in trees.items()}
+            if main_job:
+                results["main_job"] = _main_jobs(trees, new_tokens)
+                for side, job in results["main_job"].items():
+                    print(f"main job {side}: first call {job['first_call_s']:.2f} s, later calls "
+                          f"{job['later_call_s'] * 1e3:.1f} ms", flush=True)
+            sides = {side: Worker(tree, new_tokens, count, deterministic=True) for side, tree in trees.items()} \
+                if methods else {}
             for method in methods:
                 for temperature in TEMPERATURES:
                     row = _method_row(sides, method, temperature, rounds)
@@ -196,16 +206,19 @@ def main(argv=None) -> dict:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated; '' for the main job alone")
+    parser.add_argument("--no-main-job", action="store_true", help="leave out the main job's timing")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args(argv)
-    results = run(args.before, args.rounds, args.prompts, args.new_tokens, args.methods.split(","))
+    methods = [m for m in args.methods.split(",") if m]
+    results = run(args.before, args.rounds, args.prompts, args.new_tokens, methods, main_job=not args.no_main_job)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "api_regression.json")
     with open(path + ".tmp", "w") as f:
         json.dump(results, f, indent=1)
     os.replace(path + ".tmp", path)
-    plot(results, os.path.join(args.out, "api_regression.png"))
+    if results["methods"]:
+        plot(results, os.path.join(args.out, "api_regression.png"))
     print("wrote", path)
     return results
 
