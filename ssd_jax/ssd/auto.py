@@ -102,7 +102,7 @@ PLAIN_RUNS_KEPT = 8
 def expected_largest_normal(count: int) -> float:
     """The expected largest of `count` standard normal draws (Blom's approximation): 0 for one,
     1.05 for four (exactly: 1.03), 1.43 for eight (1.42). The host twin of
-    `ssd_jax.loop.adaptive_loop.expected_largest_normal` (traced there), for SSD's host loop."""
+    `ssd_jax.loop.acceptance.expected_largest_normal` (traced there), for SSD's host loop."""
     n = max(int(count), 1)
     return 0.0 if n == 1 else statistics.NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
 

@@ -209,7 +209,7 @@ def table_caps(method, auto_plan: AutoPlan) -> tuple[int, ...]:
     model (single-path SD and BV, CSD) may run at (`ssd_jax.loop.adaptive_loop.with_one` of
     `compiled_caps`); none for retrieval, whose calibration text may propose fewer tokens than
     the cap, so a timed step would price long caps low."""
-    from ssd_jax.loop.adaptive_loop import compiled_caps, with_one
+    from ssd_jax.loop.caps import compiled_caps, with_one
 
     if not auto_plan.capped or not method.drafts_with_model:
         return ()

@@ -65,7 +65,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ssd_jax.loop.adaptive_loop import compiled_caps, with_one
+from ssd_jax.loop.caps import compiled_caps, with_one
 from ssd_jax.runtime.processes import agreed
 from ssd_jax.tuning import cost_model, measure
 from ssd_jax.tuning.cost_model import StepCosts, expected_tokens
