@@ -129,6 +129,11 @@ SLOW = {
     "test_auto_shape.py::test_chosen_paths_keep_greedy_output": {"specinfer", "spectr"},
     "test_verify_api.py::test_large_vocabulary_many_paths_long_drafts": None,
     "test_cascade.py::test_embedded_models_greedy_equals_autoregressive": None,
+    # Each case measures and calibrates with a tuner of its own: the default run keeps five.
+    "test_plan.py::test_decode_replays_the_plan_of_a_measuring_generate": {
+        "ar-0.0", "ar-1.0", "sd-0.0", "bv-0.0", "bv-1.0", "specinfer-0.0", "spectr-0.0", "gbv-0.0", "gbv-1.0",
+        "pld-1.0", "logitspec-0.0", "csd-0.0", "spectr-1.0"},
+    "test_plan.py::test_decode_without_a_plan_is_a_deterministic_tuner_s_generate": {"sd"},
 }
 
 
