@@ -18,7 +18,9 @@ import ssd_jax
 
 # Options that name a configuration in labels, in this order, with their short prefixes.
 _LABEL_PARTS = (("num_draft_tokens", "L"), ("num_paths", "K"), ("logitspec_topk", "k"), ("tree_capacity", "N"),
-                ("lenience", "l"), ("k_matrix", "km"), ("fanout_budget", "F"))
+                ("lenience", "l"), ("k_matrix", "km"), ("fanout_budget", "F"), ("coupling", ""))
+# Options of a configuration that are `generate` arguments, not method fields.
+CALL_OPTIONS = ("drafts", "coupling")
 
 
 def label(method: str, options: dict) -> str:
@@ -72,7 +74,7 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
         result.update(acceptance_rate=accepted / max(drafted, 1), mean_acceptance_length=1 + accepted / drafts,
                       acceptance_per_position=(per_position / drafts).tolist())
     for name in extra or ():
-        result[name] = float(sum(o.stats.get(name, 0.0) for o in outs)) / repeats
+        result[name] = float(sum(o.stats.get(name) or 0.0 for o in outs)) / repeats
     if "loop_costs" in outs[0].stats:
         # The adaptive loop's calibrated inputs of the first timed call (AR step s, speculative
         # step s without draft forwards, s per draft forward or verified token, prior acceptance,
@@ -135,20 +137,23 @@ def _plain(value):
 
 def method_object(method: str, options: dict):
     """A configuration (method name, options named as in the labels: num_draft_tokens, num_paths,
-    tree_capacity, ...) -> its `ssd_jax.methods` object; `drafts` is not an option (see
-    `generate_kwargs`)."""
+    tree_capacity, ...) -> its `ssd_jax.methods` object; `drafts` and `coupling` are `generate`'s
+    (`CALL_OPTIONS`, see `generate_kwargs`)."""
     from ssd_jax.generate import OLD_OPTIONS
     from ssd_jax.methods import METHOD_CLASSES
 
-    fields = {OLD_OPTIONS.get(k, k): v for k, v in options.items() if k != "drafts"}
+    fields = {OLD_OPTIONS.get(k, k): v for k, v in options.items() if k not in CALL_OPTIONS}
     return METHOD_CLASSES[method](**fields)
 
 
 def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperature: float, tuner=None) -> dict:
     """`ssd_jax.generate`'s keyword arguments for one configuration: the method object, the
-    draft (a list of drafters in options["drafts"] becomes CSD's tuple, largest first) and the
-    `ssd_jax.Tuner` (None: the default one)."""
+    draft (a list of drafters in options["drafts"] becomes CSD's tuple, largest first), the
+    coupling (options["coupling"], else generate's default) and the `ssd_jax.Tuner` (None: the
+    default one)."""
     kwargs = dict(max_new_tokens=new_tokens, method=method_object(method, options), temperature=temperature)
+    if "coupling" in options:
+        kwargs["coupling"] = options["coupling"]
     if tuner is not None:
         kwargs["tuner"] = tuner
     if "drafts" in options:

@@ -160,8 +160,10 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     a plan, draft_len="auto" runs the fixed prior (`ssd_jax.tuning.cost_model.prior_plan`: fixed
     relative costs and the prior acceptance; LogitSpec's tree size and the multi-path methods'
     paths from the same), deterministic and the same on every machine: what `generate` runs with
-    `Tuner(deterministic=True)`. decode has no host: it reads no process memory and measures
-    nothing (a `tuner=` is an InputError).
+    `Tuner(deterministic=True)`. Under `SamplingParams(coupling="gumbel")` every plan, and no
+    plan, gives coupled autoregressive sampling's tokens for the key (`ssd_jax.coupling`), so
+    decode equals `generate` without one. decode has no host: it reads no process memory and
+    measures nothing (a `tuner=` is an InputError).
     Inside `jax.jit`, keep method, max_new_tokens, sampling, eos_ids and plan static (or closed over).
     Returns `DecodeOutput(tokens int32 [B, max_new_tokens], num_tokens, finish_reason, counters)`.
     """
@@ -201,7 +203,7 @@ def decode(target: Model, tokens, lengths, *, method, max_new_tokens: int, key, 
     if not _is_traced(lengths):
         check_positions(program, target, draft, sampling, int(np.max(np.asarray(lengths))), max_new)
     return decode_arrays(target, draft if program.drafts_with_model else None, tokens, lengths,
-                         row_keys(key, tokens.shape[0]), max_new, method=program, sampling=sampling, eos_ids=eos_ids,
+                         row_keys(key, tokens.shape[0], sampling), max_new, method=program, sampling=sampling, eos_ids=eos_ids,
                          out_size=max_new, plan=loop_plan, costs=costs)
 
 

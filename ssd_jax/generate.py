@@ -66,6 +66,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    coupling: str = "rejection",
     key=None,
     draft=None,
     stream=None,
@@ -81,8 +82,12 @@ def generate(
     for CSD a Model or a tuple of them, largest first, optionally ending with a `MaxGram`
     (default: the shipped table when the target has the embedded tokenizer).
     temperature 0 is greedy (every method then verifies greedily); top_k / top_p filter as in
-    transformers, identically for draft and target. key: a jax PRNG key shared by every row (a
-    row's output does not depend on its batch), or one key per row; None means PRNGKey(0).
+    transformers, identically for draft and target. coupling: "rejection" (speculative sampling:
+    the output has the target's law, and which sample a key gives depends on the method, its
+    draft and plan) or "gumbel" (`ssd_jax.coupling`: every method gives exactly autoregressive
+    sampling's tokens for the key, whatever drafts, plans or batches it). key: a jax PRNG key
+    shared by every row (a row's output does not depend on its batch; under "gumbel" row r uses
+    fold_in(key, r)), or one key per row; None means PRNGKey(0).
     stream: optional callable sink(new_tokens int32 [B, N], counts int32 [B]) called as tokens
     are produced (row b produced new_tokens[b, :counts[b]]): the decode runs in pieces of a few
     tokens, growing while a piece is quick (`ssd_jax.runtime.streaming`), each piece one read back
@@ -105,7 +110,7 @@ def generate(
         return check_models(requested, target, draft, SamplingParams())  # raises, naming the problem
     if stream is not None and not callable(stream):
         raise InputError(f"stream must be a callable sink(new_tokens, counts), got {type(stream).__name__}")
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, coupling=coupling)
     batch = prepare_prompts(prompt_ids, target.config, max_new_tokens)
     draft = check_models(requested, target, draft, sampling)
     call = _Call(target, draft, batch, int(max_new_tokens), sampling, key, stream, tuner)

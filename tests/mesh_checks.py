@@ -269,6 +269,20 @@ def check_bad() -> dict:
     )
 
 
+def check_coupling() -> dict:
+    """Under the Gumbel coupling the embedded pair sharded over 2x2 gives the unsharded coupled AR
+    tokens: SD at its defaults (draft_len "auto") and AR, T=1, 4 ragged rows ("data" splits them)."""
+    target, draft = ssd_jax.default_models()
+    texts = ("def fibonacci(n):", "import os\nclass Foo:", "x = ", "for i in range(10):\n")
+    prompts = [target.tokenizer.encode(t).ids for t in texts]
+    kw = dict(max_new_tokens=16, temperature=1.0, coupling="gumbel", key=jax.random.PRNGKey(4))
+    reference = ssd_jax.generate(target, prompts, **kw).tokens
+    mesh = mesh_of("2x2")
+    ts, ds = ssd_jax.shard(target, mesh), ssd_jax.shard(draft, mesh)
+    return {name: ssd_jax.generate(ts, prompts, method=name, draft=d, **kw).tokens == reference
+            for name, d in (("ar", None), ("sd", ds))}
+
+
 def run_check(argv: list[str]) -> dict:
     check = argv[0]
     if check == "meshes":
@@ -276,7 +290,7 @@ def run_check(argv: list[str]) -> dict:
     if check == "embedded":
         return check_embedded(argv[1].split(","), argv[2].split(",") if len(argv) > 2 else ALL_SYNC)
     return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe,
-                model_only=check_model_only, stream=check_stream)[check]()
+                model_only=check_model_only, stream=check_stream, coupling=check_coupling)[check]()
 
 
 def main(argv: list[str]) -> dict:

@@ -267,7 +267,7 @@ def test_review_law_check_has_power():
 # ---------------------------------------------------------------------------------- bad input
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(lenience=2.0, temperature=1.0), "lenience=2.0 relaxes acceptance .* temperature 0 only"),
+    (dict(lenience=2.0, temperature=1.0), "lenience=2.0 relaxes acceptance .* temperature 0 or under coupling=.gumbel. only"),
     (dict(lenience=0.5), "lenience must be a finite number >= 1"),
     (dict(num_draft_tokens=4), "CSD has no option for num_draft_tokens"),
     (dict(max_draft_tokens=0), "max_draft_tokens must be an integer >= 1"),

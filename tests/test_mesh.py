@@ -38,7 +38,7 @@ EMBEDDED_DEFAULT = ("bv", "specinfer", "spectr", "pld")
 def default_checks() -> dict:
     """The default run's checks in one subprocess (jax starts and the embedded pair loads once)."""
     return _checks("meshes", "2x4", "+", "embedded", "2x2", ",".join(EMBEDDED_DEFAULT), "+", "hlo", "+", "ssd",
-                   "+", "bad", "+", "moe", "+", "model_only", "+", "stream")
+                   "+", "bad", "+", "moe", "+", "model_only", "+", "stream", "+", "coupling")
 
 
 def _assert_meshes(results: dict) -> None:
@@ -110,6 +110,12 @@ def test_bad_meshes_rules_and_placements(default_checks):
     assert found["auto_mesh_works"] == "P('model', None)"
     assert "cpu:2" in found["draft_elsewhere"] and found["draft_elsewhere"].startswith("InputError")
     assert "overlap" in found["ssd_overlap"] and "[1, 2]" in found["ssd_overlap"]
+
+
+def test_gumbel_coupling_sharded_gives_the_unsharded_tokens(default_checks):
+    """coupling="gumbel" on 2x2: AR and SD "auto" give the unsharded coupled AR tokens
+    (the noise is keyed by row and position alone, `ssd_jax.coupling`)."""
+    assert default_checks["coupling"] == {"ar": True, "sd": True}
 
 
 def test_mesh_with_only_a_model_axis(default_checks):

@@ -116,7 +116,7 @@ def test_scored_resync_scores_each_drawn_token_against_the_draft_law_before_it(t
     laws[:, 2:] = np.where(np.arange(width - 2) % 2 == 0, 0.25, 0.75)   # slots 2.. drawn by plain steps
     inner = dict(dcache=cache, chunk=jnp.zeros((2, 2), jnp.int32), chunk_len=jnp.ones((2,), jnp.int32))
     inner, acceptance, known = jax.jit(parts.scored_resync)(inner, jnp.asarray(pending), jnp.asarray(pending_len),
-                                                           jnp.asarray(laws))
+                                                           jnp.asarray(laws), jnp.zeros((2, 2), jnp.uint32))
     q = probabilities(forward_full(draft.params, draft.config, jnp.asarray(text)), sampling)
     for b in range(2):
         n = pending_len[b]
@@ -157,7 +157,7 @@ def test_cascade_scores_its_largest_drafter_on_the_phase_tokens(temperature):
         context[b, read + 1:read + n] = pending[b, 1:n]
     inner = inner.replace(context=jnp.asarray(context), length=jnp.asarray(read + pending_len))
     inner, acceptance, known = jax.jit(parts.scored_resync)(inner, jnp.asarray(pending), jnp.asarray(pending_len),
-                                                           jnp.asarray(laws))
+                                                           jnp.asarray(laws), jnp.zeros((2, 2), jnp.uint32))
     q = probabilities(forward_full(draft.params, draft.config, jnp.asarray(text)), sampling)
     for b in range(2):
         n = pending_len[b]

@@ -5,8 +5,9 @@ verifiers) is enumerated with its draft probability; the verifier's own determin
 (acceptance probabilities, block token probabilities h_i, residuals, GBV's selection and skewed
 draft, SpecInfer/SpecTr node rules), run in float64, gives the law of its output given the draft;
 the emitted sequence is extended to length L+1 with the target's conditionals and its law is
-compared with the target's joint law. The sampling wiring (uniforms vs those probabilities, the
-token draw) is checked against the same target law in test_verify_montecarlo.py.
+compared with the target's joint law. The enumeration is the exact-law kit's (`ssd_jax.testing`,
+tests/test_law_kit.py); the sampling wiring (uniforms vs those probabilities, the token draw) is
+checked against the same target law by the kit's sampled check in test_law_kit.py.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import functools
 import numpy as np
 import pytest
 
+from ssd_jax import testing as kit
 from ssd_jax import verify
-
-import verify_helpers as vh
+from ssd_jax.testing.controls import CONTROLS
 
 EXACT_TOL = 1e-12
 
@@ -28,36 +29,35 @@ MULTI_CASES = [(10, 3, 2, 2), (11, 3, 2, 3), (12, 2, 3, 2), (13, 4, 2, 2), (14, 
 
 @pytest.mark.parametrize("seed,V,L", SINGLE_CASES)
 def test_tokenwise_law_is_target(seed, V, L):
-    t = vh.random_tables(seed, V, L)
-    assert vh.tv(vh.exact_law_tokenwise(t), vh.target_law(t)) < EXACT_TOL
+    t = kit.random_tables(seed, V, L)
+    assert kit.law_distance(kit.exact_law("tokenwise", t), kit.target_law(t)) < EXACT_TOL
 
 
 @pytest.mark.parametrize("seed,V,L", SINGLE_CASES)
 def test_block_law_is_target(seed, V, L):
-    t = vh.random_tables(seed, V, L)
-    assert vh.tv(vh.exact_law_block(t), vh.target_law(t)) < EXACT_TOL
+    t = kit.random_tables(seed, V, L)
+    assert kit.law_distance(kit.exact_law("block", t), kit.target_law(t)) < EXACT_TOL
 
 
 @pytest.mark.parametrize("seed,V,L,K", MULTI_CASES + [(15, 3, 2, 1)])
 def test_gbv_law_is_target(seed, V, L, K):
-    t = vh.random_tables(seed, V, L)
-    assert vh.tv(vh.exact_law_gbv(t, K), vh.target_law(t)) < EXACT_TOL
+    t = kit.random_tables(seed, V, L)
+    assert kit.law_distance(kit.exact_law("gbv", t, K), kit.target_law(t)) < EXACT_TOL
 
 
 @pytest.mark.parametrize("seed,V,L,K", MULTI_CASES)
 def test_specinfer_law_is_target(seed, V, L, K):
-    t = vh.random_tables(seed, V, L)
-    assert vh.tv(vh.exact_law_walk(t, K, verify.specinfer_node), vh.target_law(t)) < EXACT_TOL
+    t = kit.random_tables(seed, V, L)
+    assert kit.law_distance(kit.exact_law("specinfer", t, K), kit.target_law(t)) < EXACT_TOL
 
 
 @pytest.mark.parametrize("unrolled", [False, True], ids=["bisection", "unrolled_search"])
 @pytest.mark.parametrize("seed,V,L,K", MULTI_CASES)
 def test_spectr_law_is_target(seed, V, L, K, unrolled):
-    t = vh.random_tables(seed, V, L)
+    t = kit.random_tables(seed, V, L)
     # rho* comes from a bracket search (bisection on CPU, 15 points a round elsewhere); any rho on
     # the kept side of the bracket is exact, so the only error left is float64 rounding.
-    rule = functools.partial(verify.spectr_node, unrolled=unrolled)
-    assert vh.tv(vh.exact_law_walk(t, K, rule), vh.target_law(t)) < EXACT_TOL
+    assert kit.law_distance(kit.exact_law("spectr", t, K, unrolled=unrolled), kit.target_law(t)) < EXACT_TOL
 
 
 # ----------------------------------------------------------------------------- power
@@ -66,14 +66,15 @@ def test_spectr_law_is_target(seed, V, L, K, unrolled):
 @pytest.mark.parametrize("seed,V,L", SINGLE_CASES)
 def test_argmax_acceptance_is_detected(seed, V, L):
     # Full-support rows: a one-hot draft on a non-argmax token would hide the bug at the root.
-    t = vh.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
-    assert vh.tv(vh.exact_law_broken_argmax(t), vh.target_law(t)) > 1e-5   # vs EXACT_TOL = 1e-12
+    t = kit.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
+    law = CONTROLS["argmax_acceptance"].exact_law(t)
+    assert kit.law_distance(law, kit.target_law(t)) > 1e-5   # vs EXACT_TOL = 1e-12
 
 
 @pytest.mark.parametrize("seed,V,L,K", MULTI_CASES)
 def test_gbv_without_skew_is_detected(seed, V, L, K):
-    t = vh.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
-    assert vh.tv(vh.exact_law_gbv(t, K, skew=False), vh.target_law(t)) > 1e-5
+    t = kit.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
+    assert kit.law_distance(CONTROLS["gbv_unskewed"].exact_law(t, K), kit.target_law(t)) > 1e-5
 
 
 # ----------------------------------------------------------------------------- GBV internals
@@ -84,11 +85,11 @@ def test_gbv_without_skew_is_detected(seed, V, L, K):
 def test_skewed_draft_is_the_law_of_the_selected_path(seed, V, L, K, dtype, tol):
     """Enumerate every K-tuple, take the path GBV selects, and compare the selection frequency of
     each path with prod_i q~_i(x_i): selection and the cumulative sums use one order."""
-    t = vh.random_tables(seed, V, L, special_prob=0.5)
-    paths, prob, q, p = vh.multi_path_inputs(t, K)
+    t = kit.random_tables(seed, V, L, special_prob=0.5)
+    paths, prob, q, p = kit.multi_path_inputs(t, K)
     q, p = q.astype(dtype), p.astype(dtype)
     if dtype == np.float64:
-        _, x_star, q_tilde, _ = vh.x64(verify.skewed_draft, paths, q, p)
+        _, x_star, q_tilde, _ = kit.x64(verify.skewed_draft, paths, q, p)
     else:
         _, x_star, q_tilde, _ = (np.asarray(a) for a in verify.skewed_draft(paths, q, p))
     flat = np.zeros(len(prob), np.int64)
@@ -106,9 +107,9 @@ def test_gbv_selects_the_greatest_path(seed, V, L, K):
     """Exactness holds for any order used consistently, so it cannot catch a wrong order; this
     checks the order itself against a plain reference: at the first depth where two paths differ,
     compare (log p - log q, token id) there; X* is the greatest path."""
-    t = vh.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
-    paths, prob, q, p = vh.multi_path_inputs(t, K)
-    _, x_star, _, _ = vh.x64(verify.skewed_draft, paths, q, p)
+    t = kit.random_tables(seed, V, L, zero_prob=0.0, special_prob=0.0)
+    paths, prob, q, p = kit.multi_path_inputs(t, K)
+    _, x_star, _, _ = kit.x64(verify.skewed_draft, paths, q, p)
 
     def sort_key(row, k):
         x = paths[row, k]
@@ -125,12 +126,12 @@ def test_gbv_ties_follow_token_id():
     V, L, K = 3, 2, 3
     rng = np.random.default_rng(5)
     row = rng.dirichlet(np.ones(V))
-    t = vh.iid_tables(row, row, L)
-    paths, prob, q, p = vh.multi_path_inputs(t, K)
-    _, x_star, _, _ = vh.x64(verify.skewed_draft, paths, q, p)
+    t = kit.iid_tables(row, row, L)
+    paths, prob, q, p = kit.multi_path_inputs(t, K)
+    _, x_star, _, _ = kit.x64(verify.skewed_draft, paths, q, p)
     expected = np.array([max(tuple(x) for x in paths[r]) for r in range(len(prob))])
     np.testing.assert_array_equal(x_star, expected)
-    assert vh.tv(vh.exact_law_gbv(t, K), vh.target_law(t)) < EXACT_TOL
+    assert kit.law_distance(kit.exact_law("gbv", t, K), kit.target_law(t)) < EXACT_TOL
 
 
 def test_gbv_equal_keys_tie_by_token_id():
@@ -141,7 +142,7 @@ def test_gbv_equal_keys_tie_by_token_id():
     paths = np.array([[[1], [2]], [[2], [1]]], np.int32)          # B=2, K=2, L=1
     qq = np.broadcast_to(q, (2, 2, 1, 4))
     pp = np.broadcast_to(p, (2, 2, 2, 4))
-    k_star, x_star, q_tilde, _ = vh.x64(verify.skewed_draft, paths, qq, pp)
+    k_star, x_star, q_tilde, _ = kit.x64(verify.skewed_draft, paths, qq, pp)
     np.testing.assert_array_equal(x_star[:, 0], [2, 2])
     np.testing.assert_array_equal(k_star, [1, 0])
     # order 0, 3, 1, 2 -> F^- by token id = 0, 0.7, 0.85, 0.4; with K = 2, q~ = F^2 - (F^-)^2
@@ -155,12 +156,12 @@ def test_gbv_equal_keys_tie_by_token_id():
 def test_block_toy_closed_forms():
     """p = [1/3, 2/3], q = [2/3, 1/3] at every position, L = 2 (Sun et al.'s example):
     E[accepted] = 10/9 for token-wise and 11/9 for block verification."""
-    t = vh.iid_tables([1 / 3, 2 / 3], [2 / 3, 1 / 3], 2)
-    drafts, prob, q, p = vh.single_path_inputs(t)
-    accept, _ = vh.x64(verify.tokenwise_tables, drafts, q, p)
-    h, _ = vh.x64(verify.block_tables, drafts, q, p)
-    assert abs(vh.expected_accepted(vh.tokenwise_stop_prob(accept), prob) - 10 / 9) < 1e-14
-    assert abs(vh.expected_accepted(vh.block_stop_prob(h), prob) - 11 / 9) < 1e-14
+    t = kit.iid_tables([1 / 3, 2 / 3], [2 / 3, 1 / 3], 2)
+    drafts, prob, q, p = kit.single_path_inputs(t)
+    accept, _ = kit.x64(verify.tokenwise_tables, drafts, q, p)
+    h, _ = kit.x64(verify.block_tables, drafts, q, p)
+    assert abs(kit.expected_accepted(kit.tokenwise_stop_prob(accept), prob) - 10 / 9) < 1e-14
+    assert abs(kit.expected_accepted(kit.block_stop_prob(h), prob) - 11 / 9) < 1e-14
 
 
 @pytest.mark.parametrize("seed,V,L", [(30, 5, 3), (31, 3, 4), (32, 6, 2)])
@@ -168,12 +169,12 @@ def test_tokenwise_matches_alpha_series_and_block_is_no_worse(seed, V, L):
     rng = np.random.default_rng(seed)
     p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
     alpha = np.minimum(p, q).sum()
-    t = vh.iid_tables(p, q, L)
-    drafts, prob, qq, pp = vh.single_path_inputs(t)
-    accept, _ = vh.x64(verify.tokenwise_tables, drafts, qq, pp)
-    h, _ = vh.x64(verify.block_tables, drafts, qq, pp)
-    e_tok = vh.expected_accepted(vh.tokenwise_stop_prob(accept), prob)
-    e_blk = vh.expected_accepted(vh.block_stop_prob(h), prob)
+    t = kit.iid_tables(p, q, L)
+    drafts, prob, qq, pp = kit.single_path_inputs(t)
+    accept, _ = kit.x64(verify.tokenwise_tables, drafts, qq, pp)
+    h, _ = kit.x64(verify.block_tables, drafts, qq, pp)
+    e_tok = kit.expected_accepted(kit.tokenwise_stop_prob(accept), prob)
+    e_blk = kit.expected_accepted(kit.block_stop_prob(h), prob)
     assert abs(e_tok - sum(alpha ** i for i in range(1, L + 1))) < 1e-13
     assert e_blk >= e_tok - 1e-13
 
@@ -207,7 +208,7 @@ def test_spectr_rho_solves_the_balance_equation(unrolled):
     rng = np.random.default_rng(40)
     for k in (2, 3, 8):
         p, q = rng.dirichlet(np.ones(50)), rng.dirichlet(np.ones(50))
-        rho = float(vh.x64(functools.partial(verify.spectr_rho, unrolled=unrolled), p, q, np.float64(k)))
+        rho = float(kit.x64(functools.partial(verify.spectr_rho, unrolled=unrolled), p, q, np.float64(k)))
         beta = np.minimum(p / rho, q).sum()
         p_acc = 1 - (1 - beta) ** k
         assert 1 <= rho <= k

@@ -11,6 +11,7 @@ import sys
 from ssd_jax.errors import InputError
 from ssd_jax.methods import CLI_DEFAULT_METHOD, METHODS
 from ssd_jax.runtime.progress import show_notices
+from ssd_jax.sampling import COUPLINGS
 
 SUMMARY_FIELDS = (
     "num_generated_tokens", "tokens_per_second", "wall_time_s", "compile_time_s", "target_calls",
@@ -23,6 +24,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass in (0, 1]")
+    parser.add_argument("--coupling", default="rejection", choices=list(COUPLINGS),
+                        help="rejection (default): speculative sampling, the target's law; gumbel: every method "
+                             "gives autoregressive sampling's exact tokens for the seed")
     parser.add_argument("--seed", type=int, default=0, help="PRNG seed for sampling")
 
 
@@ -267,7 +271,7 @@ def run(args) -> int:
         draft = tuple(drafts) if drafts is not None else None
     prompts = encode_prompts(args, target.tokenizer)
     common = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                  top_p=args.top_p, key=jax.random.PRNGKey(args.seed))
+                  top_p=args.top_p, coupling=args.coupling, key=jax.random.PRNGKey(args.seed))
     if args.stream and (args.json or len(prompts) > 1):
         raise InputError("--stream prints one prompt's text as it is decoded; got "
                          + ("--json" if args.json else f"{len(prompts)} prompts"))

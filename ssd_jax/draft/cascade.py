@@ -41,6 +41,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from ssd_jax.draft.maxgram import maxgram_draft
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule, MaxGramDraw, Round
 from ssd_jax.draft.ngram import append_tokens
@@ -173,8 +174,10 @@ class CascadeDrafter:
         block = _take(context, start, width)
         valid = state.length - start
         laws = state.laws
-        if self.sampling.greedy:
-            accepted, token = greedy_review(logits, block, valid, self.lenience)
+        if self.sampling.by_argmax:
+            reviewed = start[:, None] + jnp.arange(width + 1, dtype=jnp.int32)[None, :]  # the laws' positions
+            accepted, token = greedy_review(decision_logits(logits, keys, reviewed, self.sampling), block, valid,
+                                            self.lenience)
         else:
             q = probabilities(logits, self.sampling)
             round_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, 2 + rnd.index)

@@ -21,18 +21,20 @@ def default_lenience(sampling: SamplingParams) -> float:
     """2 at temperature 0, else 1. Greedy target verification keeps the output exact whatever
     the drafters keep, and a lenient drafter passes more tokens up to the target, so each target
     call emits more (`benchmarks/bench_cascade.py`; docs/benchmarks.md)."""
-    return 2.0 if sampling.greedy else 1.0
+    return 2.0 if sampling.by_argmax else 1.0
 
 
 def check_lenience(lenience, sampling: SamplingParams) -> float:
-    """lenience: a finite number >= 1; above 1 only at temperature 0 (lenient acceptance between
-    drafters has no exact counterpart when sampling). Returns it as a float."""
+    """lenience: a finite number >= 1; above 1 only where reviews are argmaxes (temperature 0, or
+    the Gumbel coupling's perturbed logits): lenient acceptance between drafters has no exact
+    counterpart in rejection sampling. Returns it as a float."""
     if isinstance(lenience, bool) or not isinstance(lenience, (int, float, np.integer, np.floating)) \
             or not math.isfinite(lenience) or lenience < 1:
         raise InputError(f"lenience must be a finite number >= 1 (1 = plain argmax acceptance), got {lenience!r}")
-    if lenience > 1 and not sampling.greedy:
-        raise InputError(f"lenience={lenience} relaxes acceptance between drafters at temperature 0 only; "
-                         f"temperature={sampling.temperature} needs lenience=1")
+    if lenience > 1 and not sampling.by_argmax:
+        raise InputError(f"lenience={lenience} relaxes acceptance between drafters at temperature 0 or under "
+                         f"coupling='gumbel' only; temperature={sampling.temperature} with rejection sampling "
+                         f"needs lenience=1")
     return float(lenience)
 
 

@@ -7,11 +7,12 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax.backend import scan_unroll
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit
 from ssd_jax.models.transformer import forward_cached
-from ssd_jax.sampling import SamplingParams, probabilities, sample
+from ssd_jax.sampling import SamplingParams, argmax_first, probabilities, sample
 
 
 def catch_up(params: dict, config: ModelConfig, cache: KVCache, chunk: jax.Array,
@@ -41,9 +42,14 @@ def draft_paths(
     sampling: SamplingParams,
     target_vocab: int,
     unroll: bool = False,
+    branch: int = 1,
 ) -> tuple[jax.Array, jax.Array, KVCache]:
     """Drafts num_draft_tokens (L) tokens per path (unroll: the L - 1 forwards as straight-line
     code instead of a `lax.scan`, the backend policy's `unroll_draft_steps`; the same values).
+    Under the Gumbel coupling keys are the rows' noise keys and each token is the argmax of the
+    perturbed draft law (`ssd_jax.coupling`); there, branch K > 1 makes the K copies of a row
+    (consecutive rows) start with its K best first tokens under log q + G, a tree of the draft's
+    top candidates instead of K equal paths.
 
     cache: draft cache of batch B*K (path k of row b at index b*K + k, all copies holding the
     same committed text). chunk int32 [B*K, C]: tokens not yet in the cache, chunk_len[i] of them
@@ -53,35 +59,47 @@ def draft_paths(
     committed).
     """
     logits, cache = catch_up(params, config, cache, chunk, chunk_len)
-
-    def probs_of(logits):
-        return probabilities(align_logits(logits, target_vocab), sampling)
-
-    def draw(q, key):
-        return jnp.argmax(q, axis=-1).astype(jnp.int32) if sampling.greedy else jax.vmap(sample)(key, q)
+    base = cache.lengths   # the position of each path's first token
+    rank = jnp.arange(base.shape[0]) % branch
 
     def step(carry, i):
         logits, cache = carry
-        q = probs_of(logits)
-        token = draw(q, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i))
+        token, q = _draw(logits, keys, base + i, i, rank, branch, sampling, target_vocab)
         return extend(params, config, cache, token), (token, q)
 
     (logits, cache), (tokens, qs) = jax.lax.scan(
         step, (logits, cache), jnp.arange(num_draft_tokens - 1, dtype=jnp.int32),
         unroll=scan_unroll(unroll, num_draft_tokens - 1),
     )
-    q_last = probs_of(logits)
-    last = draw(q_last, jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, num_draft_tokens - 1))
+    last, q_last = _draw(logits, keys, base + num_draft_tokens - 1, num_draft_tokens - 1, rank, branch, sampling,
+                         target_vocab)
     paths = jnp.concatenate([tokens.T, last[:, None]], axis=1)
     q = jnp.concatenate([jnp.moveaxis(qs, 0, 1), q_last[:, None]], axis=1)
     return paths, q, cache
+
+
+def _draw(logits, keys, positions, i, rank, branch: int, sampling: SamplingParams, target_vocab: int):
+    """Draft token i of every path: logits [N, Vd] -> (token int32 [N], its law q float32 [N, V]):
+    a draw from q with fold_in(keys, i), or where decisions are argmaxes (`by_argmax`) the argmax
+    of the (perturbed, at positions int32 [N]) logits, path `rank` of a branching row taking its
+    rank-th best first token."""
+    scores = decision_logits(align_logits(logits, target_vocab), keys, positions, sampling)
+    q = probabilities(scores, sampling)
+    if not sampling.by_argmax:
+        return jax.vmap(sample)(jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i), q), q
+    token = argmax_first(scores)
+    if branch > 1:
+        ranked = jnp.take_along_axis(jax.lax.top_k(scores, branch)[1], rank[:, None], axis=1)[:, 0]
+        token = jnp.where(i == 0, ranked.astype(jnp.int32), token)
+        q = jax.nn.one_hot(token, q.shape[-1], dtype=jnp.float32)
+    return token, q
 
 
 def confidence(logits: jax.Array, q: jax.Array, sampling: SamplingParams, target_vocab: int) -> jax.Array:
     """The draft's confidence in its next token, float32 [N], from its logits [N, V] and processed
     law q [N, target_vocab]: the top of q at temperature > 0, of softmax(logits) at temperature 0
     (where q is one-hot)."""
-    if not sampling.greedy:
+    if not sampling.by_argmax:
         return jnp.max(q, axis=-1)
     return jnp.max(jax.nn.softmax(align_logits(logits, target_vocab).astype(jnp.float32), axis=-1), axis=-1)
 
@@ -120,14 +138,13 @@ def draft_path_until_unsure(
     """
     n, L = chunk.shape[0], max_draft_tokens
     logits, cache = catch_up(params, config, cache, chunk, chunk_len)
+    base = cache.lengths   # the position of each row's first draft token
+    no_rank = jnp.zeros_like(base)
 
     def propose(logits, i, going):
-        logits = align_logits(logits, target_vocab)
-        q = probabilities(logits, sampling)
-        confident = confidence(logits, q, sampling, target_vocab) >= threshold
-        going = going & confident
-        draw_keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i)
-        token = jnp.argmax(q, axis=-1).astype(jnp.int32) if sampling.greedy else jax.vmap(sample)(draw_keys, q)
+        token, q = _draw(logits, keys, base + i, i, no_rank, 1, sampling, target_vocab)
+        aligned = align_logits(logits, target_vocab)
+        going = going & (confidence(aligned, q, sampling, target_vocab) >= threshold)
         return token, q, going
 
     token, q0, going = propose(logits, 0, active)

@@ -16,11 +16,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.model_chain import catch_up, extend
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
-from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.sampling import SamplingParams, argmax_first, probabilities
 
 
 def saguaro_reshape(probs: jax.Array, logits: jax.Array, num_top: jax.Array, c: float, rmax: int) -> jax.Array:
@@ -78,18 +79,21 @@ def draft_chain(
 
     cache: draft cache of N rows. chunk int32 [N, W] tokens not yet committed (chunk_len[n] >= 1 of
     them valid; the last valid one is the root the draft continues). keys uint32 [N, 2]: draft
-    token i of row n uses fold_in(keys[n], i). fanout int32 [L+1]: F_i scales the top-F_i tokens
+    token i of row n uses fold_in(keys[n], i); under the Gumbel coupling they are the rows' noise
+    keys and each token is the argmax of the perturbed draft law (`ssd_jax.coupling`). fanout int32 [L+1]: F_i scales the top-F_i tokens
     at draft position i (ignored when saguaro_c == 1).
     Returns (tokens int32 [N, L]; q float32 [N, L, target_vocab], the distributions the tokens
     were drawn from (`sample_blocked`), or None at temperature 0 where the draft takes its argmax).
     The cache itself is not returned: callers draft on copies.
     """
     logits, cache = catch_up(params, config, cache, chunk, chunk_len)
+    base = cache.lengths   # the position of each row's first draft token
 
     def draw(logits, i):
         logits = align_logits(logits, target_vocab)
-        if sampling.greedy:
-            return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+        if sampling.by_argmax:
+            scores = decision_logits(logits, keys, base + i, sampling)
+            return argmax_first(scores), None
         q = saguaro_reshape(probabilities(logits, sampling), logits.astype(jnp.float32), fanout[i], saguaro_c, rmax)
         return jax.vmap(sample_blocked)(jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i), q), q
 
@@ -102,7 +106,7 @@ def draft_chain(
                                              jnp.arange(num_draft_tokens - 1, dtype=jnp.int32))
     last, q_last = draw(logits, num_draft_tokens - 1)
     tokens = jnp.concatenate([tokens.T, last[:, None]], axis=1)
-    if sampling.greedy:
+    if sampling.by_argmax:
         return tokens, None
     return tokens, jnp.concatenate([jnp.moveaxis(qs, 0, 1), q_last[:, None]], axis=1)
 

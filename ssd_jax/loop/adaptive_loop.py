@@ -54,7 +54,7 @@ from ssd_jax.loop.acceptance import (batch_steps, cap_index, position_counts, po
 from ssd_jax.loop.caps import PENDING_WIDTH, compiled_caps, narrowest, with_one  # noqa: F401
 from ssd_jax.loop.costs import NUM_COST_INPUTS, LoopCosts  # noqa: F401  (NUM_COST_INPUTS re-exported)
 from ssd_jax.loop.shadow import chain_counts, shadow_counts
-from ssd_jax.loop.skeleton import AdaptiveParts, DecodeState, Verdict, advance, fold_rows, paused, room_gated, start
+from ssd_jax.loop.skeleton import AdaptiveParts, DecodeState, Verdict, advance, paused, room_gated, start, step_keys
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.sampling import SamplingParams
 
@@ -245,7 +245,7 @@ class LoopConfig:
     def separate_cap_memory(self) -> bool:
         """Whether a memory of its own (CAP_DECAY) chooses the cap: a batch capping its drafts with
         a model at T=0; elsewhere the long memory chooses it."""
-        return self.batch_caps_with_model and self.sampling.greedy
+        return self.batch_caps_with_model and self.sampling.by_argmax
 
     @property
     def shaped(self) -> bool:
@@ -479,13 +479,13 @@ def speculative_step(c: LoopConfig, x: LoopInputs, s: AdaptiveState, width: int 
     parts, d = c.parts, s.decode
     active = ~d.outputs.done
     cap = s.cap
-    step_keys = fold_rows(x.keys, d.step)
+    keys = step_keys(c.sampling, x.keys, d.step)
     if not c.takes_cap:
-        verdict = parts.step(d, step_keys, active)
+        verdict = parts.step(d, keys, active)
     elif width is None:
-        verdict = parts.step(d, step_keys, active, cap=cap)
+        verdict = parts.step(d, keys, active, cap=cap)
     else:
-        verdict = parts.step(d, step_keys, active, cap=cap, width=width)
+        verdict = parts.step(d, keys, active, cap=cap, width=width)
     d = advance(parts, d, verdict, active, x.max_new, x.eos_ids, drafted=True)
     d = d.replace(counters=d.counters.record_cap(cap if c.takes_cap else jnp.asarray(c.draft_len, jnp.int32)))
     reached, hit = position_counts(verdict, active, c.draft_len)
@@ -500,7 +500,7 @@ def plain_step(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
     speculative pace, so the loop probes again once they meet."""
     d = s.decode
     active = ~d.outputs.done
-    verdict = c.parts.ar_step(d, fold_rows(x.keys, d.step), active)
+    verdict = c.parts.ar_step(d, step_keys(c.sampling, x.keys, d.step), active)
     d = advance(c.parts, d, verdict, active, x.max_new, x.eos_ids, drafted=False)
     rows = jnp.arange(s.pending.shape[0])
     slot = jnp.where(active, s.pending_len, s.pending.shape[1])
@@ -647,7 +647,7 @@ def catch_up(c: LoopConfig, x: LoopInputs, s: AdaptiveState) -> AdaptiveState:
     parts = c.parts
     if not c.scored:
         return s.replace(decode=s.decode.replace(inner=parts.resync(s.decode.inner, s.pending, s.pending_len)))
-    inner, acceptance, known = parts.scored_resync(s.decode.inner, s.pending, s.pending_len, s.pending_law)
+    inner, acceptance, known = parts.scored_resync(s.decode.inner, s.pending, s.pending_len, s.pending_law, x.keys)
     reached, hit, steps = chain_counts(acceptance, known, c.draft_len)
     s = learn(c, s.replace(decode=s.decode.replace(inner=inner)), reached / PLAIN_BLOCK, hit / PLAIN_BLOCK,
               steps / PLAIN_BLOCK)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax.backend import policy_for
-from ssd_jax.loop.skeleton import DecodeState, Verdict, prefill, sample_rows  # noqa: F401  (re-exported)
+from ssd_jax.loop.skeleton import DecodeState, Verdict, draw_rows, prefill, sample_rows  # noqa: F401  (re-exported)
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit
@@ -61,7 +61,7 @@ class ARParts:
         if not with_law:
             return verdict
         law = jnp.ones(verdict.next_token.shape, jnp.float32)
-        if not self.sampling.greedy:
+        if not self.sampling.by_argmax:
             law = jnp.take_along_axis(probabilities(logits, self.sampling), verdict.next_token[:, None], axis=1)[:, 0]
         return verdict.replace(token_law=law)
 
@@ -71,8 +71,8 @@ class ARParts:
         # lax.cond around it (a cond made XLA copy the whole cache at every step).
         cache = state.tcache
         logits, cache = forward_cached(self.tparams, self.tcfg, state.cur[:, None], cache.lengths[:, None], cache)
+        token = draw_rows(self.sampling, keys, logits[:, 0], cache.lengths + 1)
         cache = commit(cache, active.astype(jnp.int32))
-        token = sample_rows(self.sampling, keys, logits[:, 0])
         b = token.shape[0]
         return logits[:, 0], Verdict(tcache=cache, inner=(), chosen=jnp.zeros((b, 0), jnp.int32),
                                      accepted=jnp.zeros((b,), jnp.int32), next_token=token)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.draft.cascade import CascadeDrafter, CascadeState, ReviewCounters
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.cascade_review import greedy_review, sampled_review
 from ssd_jax.draft.cascade_schedule import CascadeSchedule
 from ssd_jax.draft.vocab import align_logits
@@ -92,7 +93,7 @@ class CascadeParts:
         caches = tuple(prefill(p, c, tokens, lengths, capacity)[1] for p, c in zip(self.dparams, self.dcfgs))
         context = jnp.zeros((b, capacity), jnp.int32).at[:, :prompt_width].set(tokens)
         context = context.at[jnp.arange(b), lengths].set(first)
-        laws = None if self.sampling.greedy else jnp.zeros((b, width, vocab), jnp.float32)
+        laws = None if self.sampling.by_argmax else jnp.zeros((b, width, vocab), jnp.float32)
         return CascadeState(context=context, length=lengths + 1, caches=caches, base=lengths + 1, laws=laws,
                             counters=ReviewCounters.zeros(self.schedule.num_drafters, b))
 
@@ -146,7 +147,8 @@ class CascadeParts:
             logits, tcache = forward_cached(self.tparams, self.tcfg, block[:, :n + 1], block_positions[:, :n + 1],
                                             tcache)
             draft = block[:, 1:n + 1]
-            if self.sampling.greedy:
+            if self.sampling.by_argmax:
+                logits = decision_logits(logits, keys, block_positions[:, :n + 1] + 1, self.sampling)
                 accepted, next_token = greedy_review(logits, draft, valid)
             else:
                 accepted, next_token = sampled_review(fold_rows(keys, 0), draft, valid, dstate.laws[:, :n],
@@ -208,13 +210,14 @@ class CascadeParts:
         """Every drafter reads the context up to cur (not included), as after a speculative step."""
         return self._read_context(inner, None)[0]
 
-    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array, keys: jax.Array):
         """`resync`, scoring the largest drafter on the tokens plain steps drew (arguments and
         returns as `ssd_jax.loop.speculative.SpeculativeParts.scored_resync`): pending slot
         k >= 1 holds the k-th token of the phase, the last (cur) at context position length - 1."""
         slots = jnp.arange(pending.shape[1] - 1, dtype=jnp.int32)[None, :]
-        inner, logits = self._read_context(inner, inner.length[:, None] - pending_len[:, None] + slots)
-        logits = align_logits(logits, self.tcfg.vocab_size)
+        scored_positions = inner.length[:, None] - pending_len[:, None] + slots
+        inner, logits = self._read_context(inner, scored_positions)
+        logits = decision_logits(align_logits(logits, self.tcfg.vocab_size), keys, scored_positions + 1, self.sampling)
         return (inner, *scored_tokens(logits, pending, laws, pending_len, self.sampling))
 
     def _read_context(self, inner, scored_positions: jax.Array | None):
@@ -253,7 +256,7 @@ def cascade_parts(method, tparams: dict, tcfg: ModelConfig, dparams: tuple, dcfg
 def cascade_schedule(method, num_drafters: int, sampling: SamplingParams) -> CascadeSchedule:
     from ssd_jax.draft.cascade_schedule import build_schedule
 
-    return build_schedule(method.k_matrix, num_drafters, method.cap, sampling.greedy)
+    return build_schedule(method.k_matrix, num_drafters, method.cap, sampling.by_argmax)
 
 
 def cascade_lenience(method, sampling: SamplingParams) -> float:

@@ -8,7 +8,9 @@ the emitted tokens are appended to the context buffer.
 Invariant at the top of a step, per row: the target cache holds every emitted token but the last,
 `cur` (the tree root), which sits at position P = cache length; the context buffer holds the
 prompt and every emitted token including cur; last_logits are the target logits cur was drawn
-from (LogitSpec's next-next guesses). Random keys: the step key verifies.
+from (LogitSpec's next-next guesses; raw logits under the Gumbel coupling too: retrieval drafts
+are unchanged by it). Random keys: the step key verifies; under the Gumbel coupling it is the row
+key, the noise key of the target's perturbed logits.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
 from ssd_jax.draft.prompt_lookup import prompt_lookup_tree
@@ -136,14 +139,14 @@ class RetrievalParts:
         rows = jnp.arange(b)
         position = tcache.lengths  # of the root
         parents = np.asarray(layout.parents)
-        greedy = self.sampling.greedy
+        greedy = self.sampling.by_argmax
 
         tree_tokens, valid = self._draft_tree(inner)
         tree_mask = jnp.broadcast_to(jnp.asarray(layout.mask()), (b, n_nodes, n_nodes))
-        logits, tcache = forward_cached(self.tparams, self.tcfg, tree_tokens,
-                                        position[:, None] + jnp.asarray(layout.depth())[None, :], tcache,
+        node_positions = position[:, None] + jnp.asarray(layout.depth())[None, :]
+        logits, tcache = forward_cached(self.tparams, self.tcfg, tree_tokens, node_positions, tcache,
                                         tree_mask=tree_mask)
-        scores = logits if greedy else probabilities(logits, self.sampling)
+        scores = self._scores(logits, keys, node_positions + 1)
         verdict = jax.vmap(lambda k, t, v, s: point_mass_tree(k, t[None], v[None], parents, s[None], greedy=greedy))(
             keys, tree_tokens, valid, scores)
         verdict = jax.tree.map(lambda x: x[:, 0], verdict)
@@ -153,6 +156,14 @@ class RetrievalParts:
         path_tokens = jnp.take_along_axis(tree_tokens, nodes[:, 1:], axis=1)
         return self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
                              jnp.sum(valid, axis=1) - 1, active)
+
+    def _scores(self, logits: jax.Array, keys: jax.Array, positions: jax.Array) -> jax.Array:
+        """What the point-mass walk reads of the target's logits [B, N, V] at nodes whose tokens'
+        positions are int32 [B, N]: logits (argmax decisions, perturbed under the Gumbel coupling)
+        or the processed law."""
+        if self.sampling.by_argmax:
+            return decision_logits(logits, keys, positions, self.sampling)
+        return probabilities(logits, self.sampling)
 
     def _verdict(self, inner, tcache, path_tokens, accepted, next_token, last_logits, drafted, active,
                  forwards=None) -> Verdict:
@@ -183,14 +194,14 @@ class RetrievalParts:
         if self.takes_cap:
             valid = valid & (jnp.arange(L + 1)[None, :] <= jnp.clip(cap, 1, L))
         proposed = jnp.sum(valid, axis=1).astype(jnp.int32) - 1
-        greedy = self.sampling.greedy
+        greedy = self.sampling.by_argmax
 
         def chain(n: int, tcache):
             """Verification of the first n copied tokens (every row copied at most n)."""
             tokens = tree_tokens[:, :n + 1]
             positions = tcache.lengths[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
             logits, tcache = forward_cached(self.tparams, self.tcfg, tokens, positions, tcache)
-            scores = logits if greedy else probabilities(logits, self.sampling)
+            scores = self._scores(logits, keys, positions + 1)
             verdict = jax.vmap(lambda k, t, v, s: point_mass_chain(k, t[None], v[None], s[None], greedy=greedy))(
                 keys, tokens, valid[:, :n + 1], scores)
             accepted, next_token, _ = jax.tree.map(lambda x: x[:, 0], verdict)
@@ -237,7 +248,7 @@ class RetrievalParts:
     def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
         return inner
 
-    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array, keys: jax.Array):
         """Never called: retrieval does not learn while plain by scoring (`learns_while_plain`)."""
         raise NotImplementedError("retrieval learns from shadow walks, not from scored_resync")
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.sampling import SamplingParams, argmax_first, probabilities
 
 
 def matched_depth(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray, emitted: jax.Array,
@@ -74,8 +74,8 @@ def scored_tokens(logits: jax.Array, pending: jax.Array, laws: jax.Array, pendin
     y in slot j + 1, exactly whether q_j's argmax is y at T=0; known bool [B, W - 1])."""
     drawn, law = pending[:, 1:], laws[:, 1:]
     known = (law > 0) & (jnp.arange(1, pending.shape[1])[None, :] < pending_len[:, None])
-    if sampling.greedy:
-        return (jnp.argmax(logits, axis=-1) == drawn).astype(jnp.float32), known
+    if sampling.by_argmax:
+        return (argmax_first(logits) == drawn).astype(jnp.float32), known
     q = jnp.take_along_axis(probabilities(logits, sampling), drawn[..., None], axis=-1)[..., 0]
     return jnp.minimum(1.0, q / jnp.where(known, law, 1.0)), known
 

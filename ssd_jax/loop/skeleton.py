@@ -9,6 +9,8 @@ parts are `AdaptiveParts`, which add what that loop reads.
 Rows that are done must keep their caches (a method commits nothing for them).
 
 Random keys, per row key r: the first token is drawn with fold_in(r, 0); step s gets fold_in(r, s).
+Under the Gumbel coupling (`ssd_jax.coupling`) every step gets r itself: its decisions are
+argmaxes of logits perturbed by noise keyed by r and the position, and need no other randomness.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from flax import struct
 
 from ssd_jax.backend import policy_for
+from ssd_jax.coupling import coupled_tokens
 from ssd_jax.loop.emission import Outputs, append, emitted_tokens, stop_rows
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
@@ -70,6 +73,7 @@ class Parts(Protocol):
     """What the skeleton (and `ssd_jax.loop.decoder`) reads of a method's parts.
 
     tparams: the target's params the steps run on (`ssd_jax.loop.autoregressive.in_loop_params`);
+    sampling: the call's `SamplingParams` (its coupling decides the keys a step gets, `step_keys`);
     capacity: KV cache slots of the method's buffers (the target's cache takes at most the prompt,
         the outputs and one step's room: `target_capacity`);
     room: slots one step may need past the committed text (a row without them ends with finish
@@ -82,10 +86,12 @@ class Parts(Protocol):
     counter_width: draft positions counted per step (0: no draft, only target calls count);
     init(tokens, lengths, first, logits) -> inner: the method's own loop state (a pytree);
     step(state, keys, active) -> Verdict: one step; keys uint32 [B, 2] are this step's per-row keys
-        (fold_in(row key, step)); active bool [B] the running rows.
+        (`step_keys`: fold_in(row key, step), under the Gumbel coupling the row keys); active bool
+        [B] the running rows.
     """
 
     tparams: dict
+    sampling: SamplingParams
     capacity: int
     room: int
     chain_writes: bool
@@ -118,8 +124,9 @@ class AdaptiveParts(Parts, Protocol):
     pending(inner) -> (pending int32 [B, pending_width], pending_len int32 [B]): the tokens the
         draft has not read, where plain steps append theirs;
     resync(inner, pending, pending_len) -> inner: the draft reads the tokens it missed;
-    scored_resync(inner, pending, pending_len, laws) -> (inner, acceptance, known): `resync` that
-        also scores the draft on them (`learns_while_plain` parts).
+    scored_resync(inner, pending, pending_len, laws, keys) -> (inner, acceptance, known): `resync`
+        that also scores the draft on them (`learns_while_plain` parts; keys uint32 [B, 2]: the row
+        keys, the noise keys of the Gumbel coupling).
     """
 
     draft_len: int
@@ -140,8 +147,8 @@ class AdaptiveParts(Parts, Protocol):
 
     def resync(self, inner: Any, pending: jax.Array, pending_len: jax.Array) -> Any: ...
 
-    def scored_resync(self, inner: Any, pending: jax.Array, pending_len: jax.Array,
-                      laws: jax.Array) -> tuple[Any, jax.Array, jax.Array]: ...
+    def scored_resync(self, inner: Any, pending: jax.Array, pending_len: jax.Array, laws: jax.Array,
+                      keys: jax.Array) -> tuple[Any, jax.Array, jax.Array]: ...
 
 
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int,
@@ -173,6 +180,20 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
 def sample_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array) -> jax.Array:
     """One token per row with that row's key: keys uint32 [B, 2], logits [B, V] -> int32 [B]."""
     return jax.vmap(lambda k, l: sample_from_logits(k, l, sampling))(keys, logits)
+
+
+def draw_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array, positions: jax.Array) -> jax.Array:
+    """One token per row: keys uint32 [B, 2] (`step_keys`), logits [B, V], positions int32 [B] of
+    the tokens drawn -> int32 [B]; under the Gumbel coupling the coupled draw."""
+    if sampling.coupled:
+        return coupled_tokens(logits, keys, positions, sampling)
+    return sample_rows(sampling, keys, logits)
+
+
+def step_keys(sampling: SamplingParams, keys: jax.Array, step) -> jax.Array:
+    """The keys of loop step `step` (0: the first token) from the row keys uint32 [B, 2]:
+    fold_in(row key, step), or under the Gumbel coupling the row keys themselves."""
+    return keys if sampling.coupled else fold_rows(keys, step)
 
 
 def fold_rows(keys: jax.Array, data) -> jax.Array:
@@ -224,7 +245,7 @@ def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     ones = jnp.ones((b,), jnp.int32)
     logits, tcache = prefill(tparams, tcfg, tokens, lengths, target_capacity(parts, tokens.shape[1], out_size),
                              placement)
-    first = sample_rows(sampling, fold_rows(keys, 0), logits)
+    first = draw_rows(sampling, step_keys(sampling, keys, 0), logits, lengths)
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
     return DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
                        cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
@@ -265,7 +286,7 @@ def loop(parts: Parts, keys: jax.Array, max_new: jax.Array, eos_ids: jax.Array, 
 
     def body(state: DecodeState) -> DecodeState:
         active = ~state.outputs.done
-        verdict = parts.step(state, fold_rows(keys, state.step), active)
+        verdict = parts.step(state, step_keys(parts.sampling, keys, state.step), active)
         return advance(parts, state, verdict, active, max_new, eos_ids, drafted=bool(parts.counter_width))
 
     return jax.lax.while_loop(lambda s: ~paused(s.outputs, pause_at), body, state)

@@ -8,7 +8,8 @@ accepted path compacted.
 Invariant at the top of a step, per row: the target cache holds every emitted token but the last
 one, `cur`, which sits at position P = target lengths. The draft cache holds the same text minus
 the tokens in `chunk` (chunk[:chunk_len], ending with cur), which it processes first.
-Random keys per step key s: draft fold_in(s, 1) split K ways, verify fold_in(s, 2).
+Random keys per step key s: draft fold_in(s, 1) split K ways, verify fold_in(s, 2). Under the
+Gumbel coupling s is the row key, the noise key of every draft and verify decision.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 
 from ssd_jax import verify
 from ssd_jax.backend import policy_for
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.model_chain import draft_path_until_unsure, draft_paths
 from ssd_jax.draft.vocab import align_logits
 from ssd_jax.loop.caps import at_narrowest, compiled_caps, pending_width, with_one
@@ -55,7 +57,7 @@ SINGLE_PATH_FORM = {"specinfer": "sd", "spectr": "sd", "gbv": "bv"}
 
 def verifier_for(method: str, sampling: SamplingParams) -> Callable:
     multi = SPECULATIVE_METHODS[method][1]
-    if sampling.greedy:
+    if sampling.by_argmax:
         return verify.greedy_multipath if multi else verify.greedy
     return SPECULATIVE_METHODS[method][0]
 
@@ -164,8 +166,11 @@ class SpeculativeParts:
         L, K, vocab = self.num_draft_tokens, self.num_paths, self.tcfg.vocab_size
         tcache, cur, inner = state.tcache, state.cur, state.inner
         b = cur.shape[0]
-        draft_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 1), K))(keys).reshape(b * K, 2)
-        verify_keys = fold_rows(keys, 2)
+        if self.sampling.coupled:
+            draft_keys, verify_keys = jnp.repeat(keys, K, axis=0), keys
+        else:
+            draft_keys = jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, 1), K))(keys).reshape(b * K, 2)
+            verify_keys = fold_rows(keys, 2)
         position = tcache.lengths  # of cur
 
         if self.takes_cap and b >= self.scan_caps_from_batch and not self.multi_path:
@@ -174,7 +179,7 @@ class SpeculativeParts:
             paths, q, dcache = draft_paths(
                 self.dparams, self.dcfg, inner["dcache"], jnp.repeat(inner["chunk"], K, axis=0),
                 jnp.repeat(inner["chunk_len"], K), draft_keys, num_draft_tokens=L, sampling=self.sampling,
-                target_vocab=vocab, unroll=self.unroll_draft_steps,
+                target_vocab=vocab, unroll=self.unroll_draft_steps, branch=K if self.sampling.coupled else 1,
             )
             lengths = jnp.full((b,), L, jnp.int32)
             forwards = jnp.asarray(L - 1, jnp.int32)
@@ -189,8 +194,10 @@ class SpeculativeParts:
 
         if self.multi_path:
             tree = build_tree(cur, paths)
-            logits, tcache = forward_cached(self.tparams, self.tcfg, tree.tokens, position[:, None] + tree.depth,
-                                            tcache, tree_mask=tree.mask)
+            node_positions = position[:, None] + tree.depth
+            logits, tcache = forward_cached(self.tparams, self.tcfg, tree.tokens, node_positions, tcache,
+                                            tree_mask=tree.mask)
+            logits = decision_logits(logits, verify_keys, node_positions + 1, self.sampling)
             p = gather_path_rows(probabilities(logits, self.sampling), tree)
             result = _per_row(verifier_for(self.verify_method, self.sampling), verify_keys, paths, q, p)
             keep = jnp.where(active, result.num_accepted + 1, 0)
@@ -259,6 +266,7 @@ class SpeculativeParts:
         block = jnp.concatenate([cur[:, None], paths], axis=1)
         block_positions = tcache.lengths[:, None] + jnp.arange(n + 1, dtype=jnp.int32)[None, :]
         logits, tcache = forward_cached(self.tparams, self.tcfg, block, block_positions, tcache)
+        logits = decision_logits(logits, verify_keys, block_positions + 1, self.sampling)
         result = _per_row(verifier_for(self.verify_method, self.sampling), verify_keys, paths, q,
                           probabilities(logits, self.sampling), lengths)
         return result, commit(tcache, jnp.where(active, result.num_accepted + 1, 0))
@@ -289,7 +297,7 @@ class SpeculativeParts:
         """Whether plain steps record their tokens' target probabilities for `scored_resync`: where
         a step's acceptance is token-wise, one path (SD), or any method at T=0, where every
         verifier accepts the draft's token exactly where it is the target's argmax."""
-        return self.sampling.greedy or self.method == "sd"
+        return self.sampling.by_argmax or self.method == "sd"
 
     def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
         """A plain decoding step (the target alone); the draft is left behind, see `resync`."""
@@ -307,13 +315,17 @@ class SpeculativeParts:
         """The draft reads every pending token but the last (cur), which becomes the chunk."""
         return self._read_pending(inner, pending, pending_len, all_logits=False)[0]
 
-    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array):
+    def scored_resync(self, inner, pending: jax.Array, pending_len: jax.Array, laws: jax.Array, keys: jax.Array):
         """`resync`, scoring the draft on the tokens plain steps drew: laws float32 [B, W] (W =
         pending_width) holds each such token's target probability (`Verdict.token_law`; 0 where
-        a slot's token was not drawn by a plain step). Returns (inner, acceptance, known)
-        (`ssd_jax.loop.shadow.scored_tokens`, the draft's law after each slot)."""
+        a slot's token was not drawn by a plain step); keys uint32 [B, 2]: the row keys. Returns
+        (inner, acceptance, known) (`ssd_jax.loop.shadow.scored_tokens`, the draft's law after
+        each slot)."""
+        start = inner["dcache"].lengths[::self.num_paths]
         inner, logits = self._read_pending(inner, pending, pending_len, all_logits=True)
         logits = align_logits(logits[::self.num_paths, :-1], self.tcfg.vocab_size)
+        slots = start[:, None] + 1 + jnp.arange(logits.shape[1], dtype=jnp.int32)[None, :]
+        logits = decision_logits(logits, keys, slots, self.sampling)
         return (inner, *scored_tokens(logits, pending, laws, pending_len, self.sampling))
 
     def _read_pending(self, inner, pending: jax.Array, pending_len: jax.Array, all_logits: bool):

@@ -67,14 +67,15 @@ def program(method, target: Model, draft, batch, max_new_tokens: int, sampling: 
     draft already colocated. The key's last part, the adaptive plan, is the caller's."""
     out_size = bucket(max_new_tokens)
     eos_ids = tuple(target.config.eos_token_ids or ())
-    args = (bare(target), bare_draft(draft)) + inputs(target, batch, key, max_new_tokens)
+    args = (bare(target), bare_draft(draft)) + inputs(target, batch, key, max_new_tokens, sampling)
     fn = functools.partial(_decode, method=method, sampling=sampling, eos_ids=eos_ids, out_size=out_size)
     return fn, args, ("decode", method, sampling, eos_ids, out_size)
 
 
-def inputs(target: Model, batch, key, max_new_tokens: int) -> tuple:
-    """The decode program's array arguments after the models: tokens, lengths, row keys, max_new."""
-    arrays = (batch.tokens, batch.lengths, row_keys(key, batch.batch_size), np.asarray(max_new_tokens, np.int32))
+def inputs(target: Model, batch, key, max_new_tokens: int, sampling: SamplingParams) -> tuple:
+    """The decode program's array arguments after the models: tokens, lengths, row keys
+    (`row_keys`, which the sampling's coupling decides), max_new."""
+    arrays = (batch.tokens, batch.lengths, row_keys(key, batch.batch_size, sampling), np.asarray(max_new_tokens, np.int32))
     if target.placement is None:
         return tuple(map(jnp.asarray, arrays))
     # Global arrays, so the program also runs when the mesh spans several processes.

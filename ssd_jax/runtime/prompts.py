@@ -88,11 +88,13 @@ def prepare_prompts(prompt_ids: Sequence[Sequence[int]], config: ModelConfig, ma
     return PromptBatch(tokens=tokens, lengths=lengths)
 
 
-def row_keys(key, batch_size: int) -> jax.Array:
+def row_keys(key, batch_size: int, sampling=None) -> jax.Array:
     """Per-row raw keys uint32 [B, 2].
 
-    A single key is given to every row, so a row's result does not depend on the batch it is
-    in; pass B keys (shape [B] typed or [B, 2] raw) for independent rows.
+    A single key is given to every row (under the Gumbel coupling, `sampling.coupled`, row r gets
+    fold_in(key, r), so equal prompts in one batch are independent draws), so a row's result does
+    not depend on the other rows of its batch or their padding; pass B keys (shape [B] typed or
+    [B, 2] raw) to choose every row's key.
     """
     if key is None:
         key = jax.random.PRNGKey(0)
@@ -102,6 +104,8 @@ def row_keys(key, batch_size: int) -> jax.Array:
     if key.dtype != jnp.uint32 or key.ndim not in (1, 2) or key.shape[-1] != 2:
         raise InputError(f"key must be a PRNG key or a batch of {batch_size} keys, got shape {key.shape} {key.dtype}")
     if key.ndim == 1:
+        if sampling is not None and sampling.coupled:
+            return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch_size, dtype=jnp.uint32))
         return jnp.broadcast_to(key, (batch_size, 2))
     if key.shape[0] != batch_size:
         raise InputError(f"got {key.shape[0]} keys for a batch of {batch_size} prompts")

@@ -149,7 +149,7 @@ class _Decode:
             ngram = functools.partial(steps.fallback_ngram, sampling=sampling, target_vocab=vocab,
                                       num_draft_tokens=length)
             self.fallback = lambda dparams, state, emitted, n_adv, root, fanout, step: ngram(state, emitted, n_adv)
-        self.keys = row_keys(key, b)
+        self.keys = row_keys(key, b, sampling)
         eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
         prompt = (jnp.asarray(batch.tokens), jnp.asarray(batch.lengths))
         self.t_inputs = self.tgroup.put(prompt + (self.keys, jnp.asarray(max_new_tokens, jnp.int32), jnp.asarray(eos)))

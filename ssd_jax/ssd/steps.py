@@ -16,6 +16,8 @@ Random keys, per row key r: first token fold_in(r, 0); verify of step s fold_in(
 build of step s, slot i: split(fold_in(fold_in(r, s), 1), S)[i]; fallback drafting the
 speculation of step s: fold_in(fold_in(r, s), 3); plain decoding step s ("auto"): fold_in(fold_in(r, s), 4). Distinct streams keep the draft of a speculation
 independent of every verification that decides which speculation is used, so decoding is exact.
+Under the Gumbel coupling (`ssd_jax.coupling`) every decision is the argmax of logits perturbed by
+noise keyed by r and the token's position, on both groups: no stream is drawn from.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import jax
 import jax.numpy as jnp
 
 from ssd_jax import verify
+from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.ngram import append_tokens, find_continuation, suffix_queries
 from ssd_jax.draft.saguaro import draft_chain, fork_tokens
 from ssd_jax.draft.vocab import align_logits
-from ssd_jax.loop.autoregressive import prefill, sample_rows
+from ssd_jax.loop.autoregressive import draw_rows, prefill
 from ssd_jax.loop.emission import Outputs, append, stop_rows
+from ssd_jax.loop.skeleton import step_keys
 from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit
@@ -42,11 +46,14 @@ OUT_ACCEPTED, OUT_NEXT, OUT_APPENDED, OUT_DONE = range(4)
 
 
 def verifier_for(sampling: SamplingParams):
-    return VERIFIERS["greedy" if sampling.greedy else "sampling"]
+    return VERIFIERS["greedy" if sampling.by_argmax else "sampling"]
 
 
-def _fold(keys: jax.Array, *data: int | jax.Array) -> jax.Array:
-    """fold_in applied row by row: keys uint32 [B, 2] -> [B, 2]."""
+def _fold(keys: jax.Array, *data: int | jax.Array, sampling: SamplingParams | None = None) -> jax.Array:
+    """fold_in applied row by row: keys uint32 [B, 2] -> [B, 2]; the row keys themselves under
+    the Gumbel coupling (sampling given and coupled), whose decisions draw nothing."""
+    if sampling is not None and sampling.coupled:
+        return keys
     for d in data:
         keys = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, d)
     return keys
@@ -60,7 +67,7 @@ def target_prefill(tparams, tokens, lengths, keys, max_new, eos_ids, *, tcfg: Mo
     appended, done). The state: cache, outputs, counters, keys, max_new, eos."""
     b = tokens.shape[0]
     logits, cache = prefill(tparams, tcfg, tokens, lengths, capacity)
-    first = sample_rows(sampling, _fold(keys, 0), logits)
+    first = draw_rows(sampling, step_keys(sampling, keys, 0), logits, lengths)
     ones = jnp.ones((b,), jnp.int32)
     outputs, appended = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
     state = dict(cache=cache, outputs=outputs, counters=SpecCounters.zeros(b, num_draft_tokens), keys=keys,
@@ -84,10 +91,11 @@ def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, s
     block = jnp.concatenate([cur[:, None], drafted], axis=1)
     positions = cache.lengths[:, None] + jnp.arange(length + 1, dtype=jnp.int32)[None, :]
     logits, cache = forward_cached(tparams, tcfg, block, positions, cache)
-    if sampling.greedy:
+    if sampling.by_argmax:
         # Greedy verification reads argmax p only: the logits have the same argmax (lowest id on
         # ties, as `probabilities`' one-hot), and q is never read.
-        p, q = logits, jnp.zeros((b, length, logits.shape[-1]), jnp.float32)
+        p = decision_logits(logits, state["keys"], positions + 1, sampling)
+        q = jnp.zeros((b, length, logits.shape[-1]), jnp.float32)
     else:
         p = probabilities(logits, sampling)
     keys = _fold(state["keys"], step, 2)
@@ -122,7 +130,8 @@ def target_plain(tparams, state, cur, step, *, tcfg: ModelConfig, sampling: Samp
         outputs: Outputs = state["outputs"]
         active = ~outputs.done
         logits, cache = forward_cached(tparams, tcfg, cur[:, None], cache.lengths[:, None], cache)
-        token = sample_rows(sampling, _fold(state["keys"], step + i, 4), logits[:, 0])
+        token = draw_rows(sampling, _fold(state["keys"], step + i, 4, sampling=sampling), logits[:, 0],
+                          cache.lengths + 1)
         cache = commit(cache, active.astype(jnp.int32))
         outputs, n = append(outputs, token[:, None], jnp.ones((b,), jnp.int32), state["max_new"], state["eos"])
         outputs = stop_rows(outputs, cache.lengths + 1 > capacity)
@@ -189,11 +198,15 @@ def draft_build(dparams, state, emitted, n_adv, cur, drafted, slot_depth, slot_r
     block = jnp.concatenate([cur[:, None], drafted], axis=1)
     positions = cache.lengths[:, None] + jnp.arange(length + 1, dtype=jnp.int32)[None, :]
     logits, cache = forward_cached(dparams, dcfg, block, positions, cache)
-    fork = fork_tokens(align_logits(logits, target_vocab), drafted, slot_depth, slot_rank, rmax=rmax)
+    scores = decision_logits(align_logits(logits, target_vocab), state["keys"], positions + 1, sampling)
+    fork = fork_tokens(scores, drafted, slot_depth, slot_rank, rmax=rmax)
 
     # Slot copies: the committed text plus cur, d[:depth] (already written by the forward above).
     copies = _repeat_rows(cache, num_slots, (cache.lengths[:, None] + 1 + slot_depth[None, :]).reshape(-1))
-    keys = jax.vmap(lambda k: jax.random.split(k, num_slots))(_fold(state["keys"], step, 1)).reshape(-1, 2)
+    if sampling.coupled:
+        keys = jnp.repeat(state["keys"], num_slots, axis=0)
+    else:
+        keys = jax.vmap(lambda k: jax.random.split(k, num_slots))(_fold(state["keys"], step, 1)).reshape(-1, 2)
     tokens, q = draft_chain(dparams, dcfg, copies, fork.reshape(-1, 1), jnp.ones((b * num_slots,), jnp.int32),
                             keys, fanout, num_draft_tokens=length, sampling=sampling, target_vocab=target_vocab,
                             saguaro_c=saguaro_c, rmax=rmax)
@@ -209,7 +222,8 @@ def fallback_model(dparams, state, emitted, n_adv, root, fanout, step, *, dcfg: 
     (the host uses it for the rows that missed). root int32 [B]: the new cur.
     Returns (tokens int32 [B, L], q float32 [B, L, V] or None); the state is not changed."""
     cache, _, _ = _catch_up(state, emitted, n_adv)
-    return draft_chain(dparams, dcfg, cache, root[:, None], jnp.ones_like(root), _fold(state["keys"], step, 3),
+    return draft_chain(dparams, dcfg, cache, root[:, None], jnp.ones_like(root),
+                       _fold(state["keys"], step, 3, sampling=sampling),
                        fanout, num_draft_tokens=num_draft_tokens, sampling=sampling, target_vocab=target_vocab,
                        saguaro_c=saguaro_c, rmax=rmax)
 
@@ -226,7 +240,7 @@ def fallback_ngram(state, emitted, n_adv, *, sampling: SamplingParams, target_vo
                                         num_tokens=num_draft_tokens)
     root = jnp.take_along_axis(context, jnp.maximum(context_len - 1, 0)[:, None], axis=1)
     tokens = jnp.where(jnp.arange(num_draft_tokens)[None, :] < count[:, :1], found[:, 0], root).astype(jnp.int32)
-    if sampling.greedy:
+    if sampling.by_argmax:
         return tokens, None
     return tokens, jax.nn.one_hot(tokens, target_vocab, dtype=jnp.float32)
 

@@ -69,7 +69,8 @@ def path_acceptance(remembered: dict[int, float | None], paths: int) -> float:
 
 def open_paths(method, sampling) -> bool:
     """Whether "auto" chooses this multi-path method's path count (left None, sampled: at
-    temperature 0 it is 1)."""
+    temperature 0 it is 1, where paths would all be the draft's argmax; under the Gumbel coupling
+    they branch on the draft's best first tokens, `ssd_jax.draft.model_chain.draft_paths`)."""
     return (method.adaptive and method.name in MULTI_PATH and method.paths is None
             and not sampling.greedy)
 

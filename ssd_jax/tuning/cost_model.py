@@ -141,7 +141,10 @@ def draft_models(draft) -> tuple:
 
 def acceptance_key(target, draft, method, sampling) -> tuple:
     weights = (target.params,) + tuple(d.params for d in draft_models(draft))
-    return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), sampling.greedy)
+    # Acceptance is remembered per kind of decision: argmax at T=0, argmax of perturbed logits
+    # under the Gumbel coupling (lower: noise splits near-ties), random at T > 0.
+    kind = "greedy" if sampling.greedy else "coupled" if sampling.coupled else "sampled"
+    return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), kind)
 
 
 def cost_width(method) -> int:
@@ -191,7 +194,7 @@ def plan(method, target, draft, sampling, costs: StepCosts, acceptance: float) -
         width = retrieval_layout(method, draft_len).num_nodes
     else:
         width = paths * draft_len + 1
-    threshold = method.early_stop(sampling.greedy) if cost_draft(method, draft) is not None and paths == 1 else None
+    threshold = method.early_stop(sampling.by_argmax) if cost_draft(method, draft) is not None and paths == 1 else None
     capped = threshold is not None or method.name in ("pld", "csd")
     return (AutoPlan(draft_len=draft_len, threshold=threshold, capped=capped),
             loop_inputs(costs, acceptance, width, draft_len))

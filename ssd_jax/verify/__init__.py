@@ -7,7 +7,7 @@ Multi-path:   f(key, paths [B, K, L], q [B, K, L, V], p [B, K, L+1, V]) -> Verif
     greedy_multipath, specinfer, spectr, gbv
 
 Every sampling verifier emits paths[path_index][:num_accepted] + [next_token] with exactly the
-target's law (see tests/test_verify_exact.py and tests/test_verify_montecarlo.py).
+target's law (see `ssd_jax.testing`, the exact-law kit, and tests/test_law_kit.py).
 The `*_tables`, `*_node` and `skewed_draft` functions expose each verifier's deterministic part.
 """
 
