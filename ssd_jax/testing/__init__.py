@@ -18,6 +18,7 @@ from ssd_jax.testing.sampled_law import (DEFAULT_ALPHA, GTest, Sample, assert_sa
                                          iid_sampler, power, run_sampler, sampled_counts)
 from ssd_jax.testing.ssd import SSDSetup, sigma_levels
 from ssd_jax.testing.tables import Tables, extend, iid_tables, law_distance, processed_tables, random_tables, target_law
+from ssd_jax.testing.widen import widen
 
 __all__ = [
     # tables and laws
@@ -33,4 +34,6 @@ __all__ = [
     "assert_sampled", "power", "DEFAULT_ALPHA",
     # negative controls
     "CONTROLS", "Control",
+    # cost-faithful targets (benchmarks)
+    "widen",
 ]
