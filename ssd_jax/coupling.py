@@ -61,7 +61,8 @@ def gumbel_noise(keys: jax.Array, positions: jax.Array, vocab: int) -> jax.Array
     return jax.vmap(row)(keys, positions)
 
 
-def decision_logits(logits: jax.Array, keys: jax.Array, positions: jax.Array, sampling: SamplingParams) -> jax.Array:
+def decision_logits(logits: jax.Array, keys: jax.Array, positions: jax.Array, sampling: SamplingParams,
+                    copies: int = 1) -> jax.Array:
     """What a method's argmax decisions read (`SamplingParams.by_argmax`): under the Gumbel
     coupling the perturbed log-law log p + G (float32, up to a constant per row), else the logits
     unchanged.
@@ -69,10 +70,13 @@ def decision_logits(logits: jax.Array, keys: jax.Array, positions: jax.Array, sa
     logits [N, ..., V]: laws of the tokens at positions int32 [N, ...] (a forward's input
     positions + 1), for rows with keys uint32 [N, 2] (their noise keys, `ssd_jax.runtime.prompts.row_keys`).
     The argmax of every row is then a sample from p, the same one whoever computes it.
+    copies: rows come in groups of that many consecutive copies with one key and the same
+    positions (a row's K draft paths), whose noise is drawn once per group.
     """
     if not sampling.coupled:
         return logits
-    return log_law(logits, sampling) + gumbel_noise(keys, positions, logits.shape[-1])
+    noise = gumbel_noise(keys[::copies], positions[::copies], logits.shape[-1])
+    return log_law(logits, sampling) + (jnp.repeat(noise, copies, axis=0) if copies > 1 else noise)
 
 
 def coupled_tokens(logits: jax.Array, keys: jax.Array, positions: jax.Array, sampling: SamplingParams) -> jax.Array:

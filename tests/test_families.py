@@ -15,11 +15,12 @@ from transformers import AutoModelForCausalLM
 
 import ssd_jax
 from checkpoints_convert import export_hf, hf_to_ssd
+from cached_logits import incremental_logits
 from hf_models import NEW_FAMILY_CONFIGS
 from ssd_jax.errors import ConfigError
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import commit, init_cache
-from ssd_jax.models.transformer import decode_params, decode_step, forward_cached, forward_full
+from ssd_jax.models.transformer import decode_params, forward_cached, forward_full
 
 RTOL = 1e-4
 FAMILIES = sorted(NEW_FAMILY_CONFIGS)
@@ -33,21 +34,6 @@ def _torch_logits(model, tokens: np.ndarray) -> np.ndarray:
 
 def _rel_err(ours, ref) -> float:
     return float(np.abs(np.asarray(ours) - ref).max() / np.abs(ref).max())
-
-
-def _incremental(model, tokens: np.ndarray, sizes) -> np.ndarray:
-    """Logits of `tokens` fed through the (donated) cache in chunks of `sizes`."""
-    cache = init_cache(model.config, tokens.shape[0], 32)
-    pieces, start = [], 0
-    for size in sizes:
-        chunk = jnp.asarray(tokens[:, start:start + size])
-        positions = jnp.broadcast_to(jnp.arange(start, start + size, dtype=jnp.int32), chunk.shape)
-        logits, cache = decode_step(model.params, config=model.config, tokens=chunk, positions=positions, cache=cache)
-        cache = commit(cache, jnp.full((tokens.shape[0],), size, jnp.int32))
-        pieces.append(np.asarray(logits))
-        start += size
-    assert start == tokens.shape[1]
-    return np.concatenate(pieces, axis=1)
 
 
 def _greedy_matches_transformers(model, torch_model, prompt) -> None:
@@ -70,7 +56,7 @@ def test_family_matches_transformers_and_converts_both_ways(name, hf_family, tmp
     # The unrolled per-layer layout (static layer index) equals the scanned one (traced index).
     unrolled = forward_full(decode_params(model.params, model.config), model.config, jnp.asarray(tokens))
     np.testing.assert_allclose(np.asarray(unrolled), full, rtol=1e-5, atol=1e-5)
-    assert _rel_err(_incremental(model, tokens, (8, 1, 3, 8)), full) <= RTOL
+    assert _rel_err(incremental_logits(model, tokens, (8, 1, 3, 8)), full) <= RTOL
     prompt = np.random.default_rng(2).integers(3, model.config.vocab_size, 9).tolist()
     _greedy_matches_transformers(model, torch_model, prompt)
 

@@ -13,18 +13,17 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import ssd_jax
+from cached_logits import incremental_logits
 from hf_models import FAMILY_CONFIGS, NEW_FAMILY_CONFIGS
 from ssd_jax.errors import InputError
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
-from ssd_jax.models.kv_cache import commit, init_cache
 from ssd_jax.models.params import init_params
-from ssd_jax.models.transformer import decode_step, unstack_layers
+from ssd_jax.models.transformer import unstack_layers
 from ssd_jax.testing import widen
 from subprocess_env import fake_devices_env
 
@@ -146,20 +145,6 @@ def test_greedy_ar_on_the_widened_embedded_target_gives_the_original_tokens():
     assert out.tokens == expected.tokens and out.finish_reasons == expected.finish_reasons
 
 
-def _cached_logits(model: Model, tokens: np.ndarray, sizes) -> np.ndarray:
-    """Logits of `tokens` fed through a KV cache in chunks of `sizes` (as tests/test_families.py)."""
-    cache = init_cache(model.config, tokens.shape[0], 32)
-    pieces, start = [], 0
-    for size in sizes:
-        chunk = jnp.asarray(tokens[:, start:start + size])
-        positions = jnp.broadcast_to(jnp.arange(start, start + size, dtype=jnp.int32), chunk.shape)
-        logits, cache = decode_step(model.params, config=model.config, tokens=chunk, positions=positions, cache=cache)
-        cache = commit(cache, jnp.full((tokens.shape[0],), size, jnp.int32))
-        pieces.append(np.asarray(logits))
-        start += size
-    return np.concatenate(pieces, axis=1)
-
-
 def test_cached_decoding_with_sliding_windows_and_sandwich_norms():
     """Gemma 3 (sliding and global layers, sandwich norms, q/k norms) widened every way gives the
     original's logits through the KV cache too (the new layers get caches of their own), in
@@ -168,7 +153,7 @@ def test_cached_decoding_with_sliding_windows_and_sandwich_norms():
     wide = widen(model, mlp_multiple=2, extra_layers=2, extra_heads=model.config.num_kv_heads)
     tokens = _tokens(model.config)
     sizes = (7, 1, 4)
-    gap = np.abs(_cached_logits(wide, tokens, sizes) - _cached_logits(model, tokens, sizes)).max()
+    gap = np.abs(incremental_logits(wide, tokens, sizes) - incremental_logits(model, tokens, sizes)).max()
     assert gap <= ATOL, gap
 
 
@@ -176,7 +161,6 @@ _SHARDED_SCRIPT = """
 import jax, numpy as np, ssd_jax
 from ssd_jax.model import Model
 from ssd_jax.models.config import ModelConfig
-from ssd_jax.models.kv_cache import commit, init_cache
 from ssd_jax.models.params import init_params
 from ssd_jax.testing import widen
 config = ModelConfig.from_hf(dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -82,8 +82,9 @@ def _draw(logits, keys, positions, i, rank, branch: int, sampling: SamplingParam
     """Draft token i of every path: logits [N, Vd] -> (token int32 [N], its law q float32 [N, V]):
     a draw from q with fold_in(keys, i), or where decisions are argmaxes (`by_argmax`) the argmax
     of the (perturbed, at positions int32 [N]) logits, path `rank` of a branching row taking its
-    rank-th best first token."""
-    scores = decision_logits(align_logits(logits, target_vocab), keys, positions, sampling)
+    rank-th best first token (a branching row's copies share its key and positions, so their
+    noise is drawn once)."""
+    scores = decision_logits(align_logits(logits, target_vocab), keys, positions, sampling, copies=branch)
     q = probabilities(scores, sampling)
     if not sampling.by_argmax:
         return jax.vmap(sample)(jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, i), q), q
