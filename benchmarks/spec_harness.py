@@ -17,7 +17,7 @@ import numpy as np
 import ssd_jax
 
 # Options that name a configuration in labels, in this order, with their short prefixes.
-_LABEL_PARTS = (("num_draft_tokens", "L"), ("num_paths", "K"), ("logitspec_topk", "k"), ("tree_capacity", "N"),
+_LABEL_PARTS = (("num_draft_tokens", "L"), ("max_draft_tokens", "L"), ("num_paths", "K"), ("logitspec_topk", "k"), ("tree_capacity", "N"),
                 ("lenience", "l"), ("k_matrix", "km"), ("fanout_budget", "F"), ("coupling", ""))
 # Options of a configuration that are `generate` arguments, not method fields.
 CALL_OPTIONS = ("drafts", "coupling")
