@@ -453,7 +453,9 @@ def main(argv=None) -> int:
     goals = goal_report(rows)
     results = dict(benchmark="every method in three draft/target cost regimes (widened embedded pair)",
                    machine=machine_info(), setting={k: v for k, v in setting.items() if k != "draft_menu"},
-                   goals=GOALS, goal_report=goals, rows=rows, parts=parts)
+                   goals=GOALS, goal_report=goals, rows=rows,
+                   # Each part's setting and costs; its per-configuration results are in the part files.
+                   parts=[{k: v for k, v in part.items() if k != "sets"} for part in parts])
     write_json(args.out, results)
     plot(rows, os.path.splitext(args.out)[0] + ".png")
     print(format_table(["regime", "measured", "T", "batch", "set", "method", "defaults", "best fixed", "L",
