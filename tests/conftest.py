@@ -129,15 +129,17 @@ SLOW = {
     "test_auto_shape.py::test_chosen_paths_keep_greedy_output": {"specinfer", "spectr"},
     "test_verify_api.py::test_large_vocabulary_many_paths_long_drafts": None,
     "test_cascade.py::test_embedded_models_greedy_equals_autoregressive": None,
-    # Each case measures and calibrates with a tuner of its own: the default run keeps five.
+    # Each case measures and calibrates with a tuner of its own: the default run keeps four (CSD's
+    # plan is replayed in the default run by the deterministic tuner's case).
     "test_plan.py::test_decode_replays_the_plan_of_a_measuring_generate": {
         "ar-0.0", "ar-1.0", "sd-0.0", "bv-0.0", "bv-1.0", "specinfer-0.0", "spectr-0.0", "gbv-0.0", "gbv-1.0",
-        "pld-1.0", "logitspec-0.0", "csd-0.0", "spectr-1.0"},
+        "pld-1.0", "logitspec-0.0", "csd-0.0", "spectr-1.0", "csd-1.0"},
     "test_plan.py::test_decode_without_a_plan_is_a_deterministic_tuner_s_generate": {"sd"},
     # Each case compiles and measures its method: the default run keeps one method of each kind
-    # at T=1 (a draft chain, a tree, retrieval, the cascade, SSD) and a tree under top_p.
+    # at T=1 (a draft chain, a tree, retrieval, SSD) and a tree under top_p; the cascade's coupled
+    # decoding stays in the default run through test_decode_in_a_user_jit_equals_generate_without_a_plan.
     "test_coupling.py::test_every_method_at_its_defaults_gives_coupled_ar_tokens": {
-        "bv-t1", "spectr-t1", "gbv-t1", "logitspec-t1", "sd-t07-p09", "bv-t07-p09", "specinfer-t07-p09",
+        "bv-t1", "spectr-t1", "gbv-t1", "logitspec-t1", "csd-t1", "sd-t07-p09", "bv-t07-p09", "specinfer-t07-p09",
         "spectr-t07-p09", "pld-t07-p09", "logitspec-t07-p09", "csd-t07-p09", "ssd-t07-p09"},
     "test_coupling.py::test_decode_in_a_user_jit_equals_generate_without_a_plan": {"sd"},
     "test_coupling.py::test_a_draft_equal_to_the_target_is_always_accepted": {"gbv"},
