@@ -323,11 +323,10 @@ def plot(rows: list[dict], path: str) -> None:
             best = [np.mean([r["best_fixed_speedup"] for r in chosen if r["method"] == m
                              and r["best_fixed_speedup"] is not None] or [np.nan]) for m in methods]
             measured = np.mean([r["measured_ratio"] for r in chosen]) if chosen else np.nan
-            bars = ax.bar(x + (i - (len(regimes) - 1) / 2) * width, default, width,
-                          label=f"1/{ratio} (measured 1/{1 / measured:.0f})")
+            ax.bar(x + (i - (len(regimes) - 1) / 2) * width, default, width,
+                   label=f"1/{ratio} (measured 1/{1 / measured:.0f})")
             ax.scatter(x + (i - (len(regimes) - 1) / 2) * width, best, marker="_", s=120, color="k", zorder=3,
                        label="best fixed length" if i == 0 else None)
-            del bars
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(x)
         ax.set_xticklabels(methods, rotation=35, ha="right")

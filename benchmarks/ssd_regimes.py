@@ -38,6 +38,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -192,8 +193,6 @@ def main(argv=None) -> int:
     if args.smoke:
         widening, menu, regimes, args.prompts, args.new_tokens = {}, DRAFT_MENU[:2], regimes[:1], 1, 16
     parts = []
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         for ratio in regimes:
             path = os.path.join(tmp, f"{ratio}.json")
