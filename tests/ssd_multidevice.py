@@ -100,7 +100,7 @@ def run_plain() -> dict:
         return original(call, method)
 
     generate_module._run = spy
-    ssd_auto.starts_plain = lambda memory, key: True   # the verdict: SSD was slower for this program
+    ssd_auto.starts_plain = lambda memory, key, *acceptance: True   # the verdict: SSD was slower for this program
     method = ssd_jax.SSD(draft_len="auto", target_devices=[1], draft_devices=[0])
     out = ssd_jax.generate(target, prompts, max_new_tokens=16, method=method, draft=draft)
     return dict(plain_from_start=bool(out.stats.get("plain_from_start")), target_params_on=seen,

@@ -85,6 +85,14 @@ def _part(kind, ratio, sets):
     return part
 
 
+def test_rate_is_the_fastest_round_at_t0_and_every_round_at_t_above_0():
+    """At T=0 every round decodes the same tokens, and the fastest leaves the machine's noise out;
+    at T > 0 the fastest round is also the luckiest sample, so every round counts."""
+    row = dict(tokens_per_second=100.0, round_wall_s=[1.0, 3.0], round_tokens=[128.0, 120.0])
+    assert bench_regimes.rate(row, 0.0) == 100.0
+    assert bench_regimes.rate(row, 1.0) == pytest.approx(248.0 / 4.0)
+
+
 def test_summaries_best_fixed_auto_ratio_goals_and_readme_table():
     draft_sets = {"code": {"ar": _result("ar", {}, 1.0), "sd": _result("sd", {}, 2.1),
                            "sd-L2": _result("sd", {"num_draft_tokens": 2}, 1.8, 2),

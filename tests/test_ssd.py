@@ -32,6 +32,8 @@ from ssd_jax import verify
 from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, uniform_fanout
 from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
 from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.ssd import call as ssd_call
+from ssd_jax.runtime.decode_program import bare
 from ssd_jax.ssd import steps as ssd_steps
 from ssd_jax.loop.autoregressive import prefill
 from ssd_jax.errors import InputError
@@ -296,7 +298,7 @@ def test_plain_step_is_timed_per_target_dtype(models, prompts, monkeypatch):
     keys = []
     original = ssd_auto.plain_step_seconds
     monkeypatch.setattr(ssd_auto, "plain_step_seconds",
-                        lambda memory, key, *args: keys.append(key) or original(memory, key, *args))
+                        lambda memory, key, *args, **kwargs: keys.append(key) or original(memory, key, *args, **kwargs))
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
     half = dataclasses.replace(target, params=jax.tree.map(lambda x: x.astype(jnp.bfloat16), target.params))
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=2)
@@ -497,7 +499,7 @@ def test_a_probe_runs_a_length_its_program_ran_before(models, prompts, reference
     measured = []
     original = ssd_auto.plain_step_seconds
     monkeypatch.setattr(ssd_auto, "plain_step_seconds",
-                        lambda memory, key, *args: measured.append(key) or original(memory, key, *args))
+                        lambda memory, key, *args, **kw: measured.append(key) or original(memory, key, *args, **kw))
     predicted = {1: 0.9, 2: 0.5, 3: 0.5, 4: 0.5}   # the cost model's speedups, whatever the timings
     monkeypatch.setattr(cost_model, "predicted_speedup", lambda costs, acceptance, n, *rest, **kw: predicted[n])
     method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
@@ -554,6 +556,28 @@ def test_verdict_is_the_recent_calls_mean_log_ratio(tuner):
     assert ssd_auto.prior_log_ratio(tuner.ssd, key) > 0 and ssd_auto.starts_plain(tuner.ssd, key)
     tuner.reset()
     assert ssd_auto.prior_log_ratio(tuner.ssd, key) is None and not ssd_auto.starts_plain(tuner.ssd, key)
+
+
+def test_a_plain_verdict_is_probed_again_when_the_pair_s_acceptance_rises(tuner):
+    """A key pools every prompt of its shapes: where the pair's acceptance (SD's calls measure it
+    too) rose since SSD's last call enough that SSD's measured cost ratio, scaled by the tokens
+    per step it gains, predicts a win by REPROBE_GAIN, the next call probes (prose after code:
+    SSD 1.46x AR there after losing on the code); otherwise the verdict stands, and without a
+    known acceptance nothing changes."""
+    key = ("program",)
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.7, 4)
+    for _ in range(3):
+        ssd_auto.remember(tuner.ssd, key, 1.1, 1.1, 4)
+    assert ssd_auto.starts_plain(tuner.ssd, key, None)
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.7)
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.72)   # E(4) 2.88 -> 2.99: 1.06x plain still
+    assert not ssd_auto.acceptance_rose(tuner.ssd, key, 0.72) and ssd_auto.acceptance_rose(tuner.ssd, key, 0.9)
+    assert not ssd_auto.starts_plain(tuner.ssd, key, 0.9)   # E(4) 4.10: 0.77x: a probe
+    # The probe runs SSD at the new acceptance; if it still lost, the verdict stands at that one.
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.9, 4)
+    ssd_auto.remember(tuner.ssd, key, 1.2, 1.2, 4)
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.9)
+    assert ssd_auto.expected_tokens(0.72, 4) / ssd_auto.expected_tokens(0.7, 4) < 1.1 * (1 + ssd_auto.REPROBE_GAIN)
 
 
 def test_a_slow_first_call_weighs_no_more_than_the_next_ones(tuner):
@@ -631,6 +655,62 @@ def test_switch_weighs_the_program_s_recent_calls():
     assert ssd_auto.MIN_STEPS <= first_switch(2.0, np.log(0.6)) <= ssd_auto.MIN_STEPS + 4
     assert first_switch(0.95, np.log(1.3)) == ssd_auto.MIN_STEPS
     assert first_switch(0.8, None) is None
+
+
+def test_a_first_call_weighs_its_slow_start_against_the_pair_s_acceptance():
+    """A key's first judged call (no steady state of earlier calls to weigh) weighs its window's
+    pace against the tokens per step the pair's remembered acceptance predicts, as PRIOR_STEPS
+    steps that fade: a slow start where the pair accepts well does not end SSD (the first SSD
+    call of held-out code in the 1/20 regime accepted 0.16 over its first 24 tokens where SD's
+    calls had measured 0.7, switched, and sent every later call plain), a call slow throughout
+    still switches, and without a remembered acceptance the window alone decides."""
+
+    def first_switch(pace: float, prior_pace, steps: int = 60):
+        switch = ssd_auto.PlainSwitch(plain_step_s=1.0, prior_pace=prior_pace)
+        for _ in range(ssd_auto.WARMUP_STEPS + steps):
+            switch.record(seconds=2.0, row_tokens=pace)   # a step costs two plain steps
+            if switch.slower_than_plain():
+                return switch.steps
+        return None
+
+    good = ssd_auto.prior_pace(0.8, 4)
+    assert good == pytest.approx((1 - 0.8 ** 5) / 0.2) and ssd_auto.prior_pace(None, 4) is None
+    assert first_switch(1.8, None) == ssd_auto.MIN_STEPS                 # 1.11x plain decoding's cost
+    assert first_switch(1.8, good, steps=12) is None                     # the prior carries it
+    assert first_switch(1.8, good) > 12                                  # ... until the call's evidence outweighs it
+    assert first_switch(1.0, good) <= ssd_auto.MIN_STEPS + 4             # twice plain's cost: within a few steps
+    assert first_switch(1.8, ssd_auto.prior_pace(0.3, 4)) == ssd_auto.MIN_STEPS   # a poor pair's prior
+    with_steady = ssd_auto.PlainSwitch(plain_step_s=1.0, prior_log_ratio=np.log(1.3), prior_pace=good)
+    for _ in range(ssd_auto.WARMUP_STEPS + ssd_auto.MIN_STEPS):
+        with_steady.record(seconds=2.0, row_tokens=1.8)
+    assert with_steady.slower_than_plain()   # the program's own calls' steady state speaks instead
+
+
+def test_ssd_reads_the_acceptance_sd_s_calls_of_the_pair_measured(models, prompts, monkeypatch, tuner):
+    """SSD verifies one draft path token by token as SD does: an SD "auto" call's acceptance is
+    remembered under the program's models (`bare`), SSD reads it there, and SSD's first
+    call reads it: its switch's prior pace is E(L) at it. (The
+    acceptance the calls report is fixed here: this pair's SD decodes plainly on CPU.)"""
+    target, draft = models
+    sampling = ssd_jax.SamplingParams()
+    sd_key = cost_model.acceptance_key(bare(target), bare(draft), ssd_jax.SD(), sampling)
+    assert sd_key == ssd_call.pair_acceptance_key(target, draft, ssd_jax.SSD(), sampling)
+    assert sd_key != cost_model.acceptance_key(bare(target), bare(draft), ssd_jax.BV(), sampling)
+    monkeypatch.setattr(cost_model, "acceptance_of", lambda accepted, rejected: 0.93)
+    assert tuner.known_acceptance(sd_key) is None
+    ssd_jax.generate(target, prompts, max_new_tokens=24, method=ssd_jax.SD(), draft=draft)
+    assert tuner.known_acceptance(sd_key) == pytest.approx(0.93)
+    seen = {}
+    original = ssd_auto.PlainSwitch.__init__
+
+    def spy(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        seen["prior_pace"] = self.prior_pace
+
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "__init__", spy)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=24, method=ssd_jax.SSD(max_draft_len=4), draft=draft)
+    length = out.stats["planned_draft_len"]
+    assert seen["prior_pace"] == pytest.approx(ssd_auto.prior_pace(0.93, length))
 
 
 def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch, tuner):
@@ -828,6 +908,19 @@ def test_a_slow_first_plain_timing_is_outvoted_by_the_next_calls(monkeypatch, tu
     assert step() == pytest.approx(1.7 / 16)                 # the median of three
     assert step() == pytest.approx(1.7 / 16)                 # three timings: no more runs
     assert len(tuner.ssd.plain_step_s.lookup("key")) == 3
+
+
+def test_far_from_the_break_even_the_plain_step_is_not_timed_again(monkeypatch, tuner):
+    """Each timing of the plain step costs PLAIN_RETIMED_RUNS chunks of plain steps in the call
+    (0.2 s of 0.5-0.8 s calls in the 1/100 regime); where the program's calls run far from the
+    break-even a few percent there flips no verdict, so a key timed once is not timed again."""
+    step = _plain_step_timer(monkeypatch, tuner, [9.0, 3.2, 3.2] + [1.6] * 3,
+                             PLAIN_TIMINGS=3, PLAIN_UNTIMED_RUNS=1, PLAIN_TIMED_RUNS=2, PLAIN_RETIMED_RUNS=3)
+    assert step(retime=False) == pytest.approx(0.2)          # never timed: timed whatever retime says
+    assert step(retime=False) == pytest.approx(0.2)          # no more runs (the fake clock has 3 left)
+    assert step() == pytest.approx((0.2 + 0.1) / 2)
+    assert ssd_auto.near_break_even(None) and ssd_auto.near_break_even(np.log(1.1))
+    assert not ssd_auto.near_break_even(np.log(0.6)) and not ssd_auto.near_break_even(np.log(1.5))
 
 
 # ---------------------------------------------------------------------------------- fan-out

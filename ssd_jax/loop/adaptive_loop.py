@@ -22,8 +22,8 @@ time for that cap, and
 where steps(l) is what the batch still needs for each running row's r remaining tokens
 (`batch_steps`), each row's E raised by a noise allowance for `pays`. The sums are a short memory
 (DECAY), which judges whether speculation pays and reverts to a long one (LONG_DECAY) during plain
-steps, and the long memory, which chooses the cap (where a batch caps its drafts with a model at
-T=0, a memory of its own: CAP_DECAY). A probe that does not pay doubles the plain phases before
+steps, and the long memory, which chooses the cap (where rows cap their drafts with a model at T=0,
+a memory of its own: CAP_DECAY). A probe that does not pay doubles the plain phases before
 the next, up to MAX_BACKOFF. Retrieval needs no probes: each plain block walks the draft made at
 its start with the tokens the block drew (`ssd_jax.loop.shadow`); nor do drafts whose acceptance
 is token-wise (SD, every method at T=0, CSD with a strict review): plain steps record each token's
@@ -74,14 +74,15 @@ BATCH_PRIOR_STEPS = 4.0
 # T=1 a step's tokens vary widely, so a memory of ~10 steps dips below break-even by chance, and
 # without the allowance the loop fell back on text where speculation paid at every fixed length.
 Z = 1.0
-# Weight of the past in the memory that chooses the cap where a batch of rows caps its drafts with
-# a model at T=0 (SD, BV, CSD at batch > 1; elsewhere the long memory chooses it). The batch runs
-# at its slowest row's pace, and on short prompts the row that sets it accepts far less over its
-# first tokens than over the rest: the long memory's ~50 steps would hold the batch at a short cap
-# long after that start, while ~12 steps let it fade. The long memory stays what the fall back
-# reverts to and what `probe_up` reads (with this one there, calls fell back on text where
-# speculation paid). Not at T > 0, where each step's acceptance also carries the sampling's noise,
-# which ~12 steps of a batch do not average out.
+# Weight of the past in the memory that chooses the cap where rows cap their drafts with a model
+# at T=0 (SD, BV, CSD; elsewhere the long memory chooses it). A call's first tokens accept far
+# less than its rest (held-out code: 0.16 a position over the first 24 tokens, 0.66 over the
+# call), and at batch > 1 the row that sets the batch's pace does: the long memory's ~50 steps
+# held the call at a short cap long after that start, while ~12 steps let it fade (batch 1, the
+# 1/5 cost regime: 24-32 of 41-48 steps at cap 2, 0.93 of fixed L=4; with this memory 1.08). The
+# long memory stays what the fall back reverts to and what `probe_up` reads (with this one there,
+# calls fell back on text where speculation paid). Not at T > 0, where each step's acceptance also
+# carries the sampling's noise, which ~12 steps do not average out.
 CAP_DECAY = 0.92
 # The most plain phases between probes, after failed ones.
 MAX_BACKOFF = 8
@@ -116,7 +117,7 @@ class AdaptiveState:
     speculative steps of whether the row's draft reached position k / had its k-th token
     accepted; long_reached, long_accepted: the same with the long memory, over long_steps
     float32 [] steps; cap_reached, cap_accepted: the same with the memory that chooses the cap
-    (CAP_DECAY where a batch caps its drafts with a model at T=0; elsewhere unused, the long
+    (CAP_DECAY where rows cap their drafts with a model at T=0; elsewhere unused, the long
     memory choosing the cap);
     extra_prior float32 []: the steps' worth of the long memory's prior beyond
     PRIOR_STEPS, decayed with it; forward_share float32 []: running average of the draft
@@ -243,9 +244,9 @@ class LoopConfig:
 
     @property
     def separate_cap_memory(self) -> bool:
-        """Whether a memory of its own (CAP_DECAY) chooses the cap: a batch capping its drafts with
-        a model at T=0; elsewhere the long memory chooses it."""
-        return self.batch_caps_with_model and self.sampling.by_argmax
+        """Whether a memory of its own (CAP_DECAY) chooses the cap: rows capping their drafts with
+        a model at T=0, at any batch; elsewhere the long memory chooses it."""
+        return self.takes_cap and not self.shadows and self.sampling.by_argmax
 
     @property
     def shaped(self) -> bool:

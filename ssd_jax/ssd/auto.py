@@ -17,7 +17,8 @@ step that compiled); once MIN_STEPS steps were judged, if
 
 (SSD's tokens at the batch's pace over the call, `PlainSwitch.pace`: the window's slowest row
 lags by chance more than a call's does; the ratio's log weighed against the program's recent
-calls', `PlainSwitch.slower_than_plain`), the loop finishes the call with
+calls', `PlainSwitch.slower_than_plain`; a program's first call weighs its pace against the
+pair's remembered acceptance instead, `PlainSwitch.cost_ratio`), the loop finishes the call with
 `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps when streaming (streamed
 chunk by chunk), else one program for the rest of the call.
 
@@ -26,7 +27,8 @@ verdict, not the last one's: the mean of their log cost ratios over their SSD st
 (`PlainSwitch.call_ratio`), each call weighted VERDICT_WEIGHT against the calls before it. While that mean says SSD is
 slower, `ssd_jax.generate` runs the next such calls with AR's jitted loop from the start (no
 draft work at all), but for a probe, which runs SSD again and adds its ratio (the machine's load,
-the prompts or the pair's acceptance may have changed). The first probe is the PROBE_EVERY-th
+the prompts or the pair's acceptance may have changed; a call where the pair's acceptance rose
+enough to predict a win is a probe at once, `acceptance_rose`). The first probe is the PROBE_EVERY-th
 call, or, while no call of the key has paid in the process, a later one where the last SSD call
 cost more than PROBE_OVERHEAD of that many plain calls (`remember`); each probe after which the
 mean still finds SSD at least BACKOFF_RATIO times slower per token doubles the interval, up to
@@ -97,6 +99,8 @@ PLAIN_TIMINGS = 3        # a key's plain step is timed at its first this many ca
 PLAIN_RETIMED_RUNS = 3   # ... the later timings over this many runs (`plain_step_seconds`)
 PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step from this many steps
 PLAIN_RUNS_KEPT = 8
+RETIME_MARGIN = 0.2      # |log cost ratio| within which the plain step is timed again (`near_break_even`)
+REPROBE_GAIN = 0.05      # a plain verdict's next call probes where the acceptance predicts this gain (`acceptance_rose`)
 
 
 def expected_largest_normal(count: int) -> float:
@@ -114,12 +118,15 @@ class PlainSwitch:
     (the horizon at which the batch's pace is judged; 0: the window's pace as measured).
     prior_log_ratio: the program's recent calls' mean log cost ratio over their judged steps
     (`switch_prior`; None: none to weigh), which the switch weighs as prior_steps judged steps of
-    this call."""
+    this call. prior_pace: the tokens per step the pair's remembered acceptance predicts
+    (`prior_pace`; None: none), which the switch's pace weighs as PRIOR_STEPS judged steps
+    where no prior_log_ratio is."""
 
     plain_step_s: float
     call_tokens: int = 0
     prior_log_ratio: float | None = None
     prior_steps: float = PRIOR_STEPS
+    prior_pace: float | None = None
     seconds: float = 0.0
     tokens: float = 0.0
     steps: int = 0
@@ -258,12 +265,37 @@ class PlainSwitch:
 
     def cost_ratio(self) -> float:
         """SSD's decayed seconds per token (at the batch's pace, `pace`) over plain decoding's
-        (> 1: SSD is slower); 1.0 before any judged step."""
+        (> 1: SSD is slower); 1.0 before any judged step. Where the program has no judged calls
+        to weigh (`prior_log_ratio` None) but the pair's acceptance is known (prior_pace), the
+        pace is weighed against prior_pace as PRIOR_STEPS steps, fading as judged steps come:
+        a call's first steps accept less than its rest, and the first SSD call of held-out code
+        (batch 1, T=0, the 1/20 cost regime, one CPU device) accepted 0.16 a position over its
+        first 24 tokens where SD's calls of the pair had measured 0.7; judged on them alone it
+        switched at step 14, and its verdict sent every later call plain (1.0x AR where fixed
+        L=4 ran 1.55x)."""
         pace = self.pace()
+        if self.prior_log_ratio is None and self.prior_pace is not None and self.steps:
+            pace = (self.steps * pace + PRIOR_STEPS * self.prior_pace) / (self.steps + PRIOR_STEPS)
         return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
 
 
-def plain_step_seconds(memory: SSDMemory, key, run_chunk, state) -> float:
+def prior_pace(acceptance: float | None, draft_len: int) -> float | None:
+    """The tokens per step a remembered per-position acceptance predicts at draft_len (the cost
+    model's E(L)); None where none is remembered."""
+    return None if acceptance is None else expected_tokens(float(acceptance), int(draft_len))
+
+
+def near_break_even(prior_log_ratio: float | None) -> bool:
+    """Whether a program's calls run near enough the break-even with plain decoding (their
+    steady state's log cost ratio within RETIME_MARGIN of 0, or not known) that its plain step is
+    worth timing again (`plain_step_seconds`'s retime): an error of a few percent there flips no
+    verdict of calls far from it, while each timing costs PLAIN_RETIMED_RUNS chunks of plain
+    steps (the 1/100 cost regime, batch 1, one CPU device: 0.2 s of 0.5-0.8 s calls that SSD ran
+    at 0.55x plain decoding's cost a token)."""
+    return prior_log_ratio is None or abs(prior_log_ratio) < RETIME_MARGIN
+
+
+def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = True) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
     do not end within a chunk, `ssd_jax.ssd.host_loop._Decode.timing_state`): at the key's first
@@ -278,10 +310,11 @@ def plain_step_seconds(memory: SSDMemory, key, run_chunk, state) -> float:
     no call switched, so no plain part refreshed it (batch 8, held-out code, T=0, one CPU device:
     one process of three ran SSD at L=2 on every step, 0.84x AR, where the others ran AR's
     program). The step is the median of those timings and the last PLAIN_RUNS_KEPT switched
-    calls' plain parts (`observe_plain_run`)."""
+    calls' plain parts (`observe_plain_run`). retime False: a key timed once already is not
+    timed again at this call (`near_break_even`)."""
     with memory.lock:
         timings = memory.plain_step_s.lookup(key, ())
-    if len(timings) < PLAIN_TIMINGS:
+    if len(timings) < PLAIN_TIMINGS and (retime or not timings):
         untimed, timed = (PLAIN_UNTIMED_RUNS, PLAIN_TIMED_RUNS) if not timings else (0, PLAIN_RETIMED_RUNS)
         seconds = _timed_plain_step(run_chunk, state, untimed, timed)
         with memory.lock:
@@ -316,12 +349,48 @@ def observe_plain_run(memory: SSDMemory, key, seconds: float, steps: int) -> Non
         memory.plain_runs.store(key, (*runs, float(seconds) / steps)[-PLAIN_RUNS_KEPT:])
 
 
-def starts_plain(memory: SSDMemory, key) -> bool:
+def starts_plain(memory: SSDMemory, key, acceptance: float | None = None) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the recent calls that
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
     module's docstring); always False for a deterministic tuner, where a call must not
-    depend on the calls before it (verdicts remembered while timings were allowed included)."""
-    return memory.measures and memory.verdicts.starts_plain(key)
+    depend on the calls before it (verdicts remembered while timings were allowed included).
+    acceptance: the pair's remembered acceptance now (None: none); where it rose since the last
+    call that ran SSD enough that SSD's measured cost ratio, scaled by the tokens per step the rise
+    gains, comes below the break-even by REPROBE_GAIN (`acceptance_rose`), the call is a probe."""
+    if not memory.measures:
+        return False
+    if memory.verdicts.is_plain(key) and acceptance_rose(memory, key, acceptance):
+        memory.verdicts.probe_now(key)
+        return False
+    return memory.verdicts.starts_plain(key)
+
+
+def ran_at_acceptance(memory: SSDMemory, key, acceptance: float | None, draft_len: int) -> None:
+    """Notes the pair's remembered acceptance (None: none) when a call of the program `key` ran
+    SSD at draft_len (`acceptance_rose` compares the acceptance of later calls with it)."""
+    with memory.lock:
+        memory.verdict_acceptance.store(key, None if acceptance is None else (float(acceptance), int(draft_len)))
+
+
+def acceptance_rose(memory: SSDMemory, key, acceptance: float | None) -> bool:
+    """Whether the pair's acceptance now (None: not known) predicts that SSD pays on the program
+    `key`: the recent calls' mean cost ratio times E(L, acceptance then) / E(L, acceptance now), L
+    and acceptance then those of the last call that ran SSD (`ran_at_acceptance`), is below
+    1 / (1 + REPROBE_GAIN).
+    The key pools every prompt of its shapes, and where SD's calls of the pair meet text that
+    accepts more (held-out prose after code, the 1/5 cost regime, batch 1, T=0: SSD at L=6 ran
+    1.46x AR on prose after losing on code), a verdict from the code would keep the prose plain
+    for PROBE_EVERY or more calls."""
+    if acceptance is None:
+        return False
+    with memory.lock:
+        then = memory.verdict_acceptance.lookup(key)
+    mean = memory.ratios.lookup(key)
+    if then is None or mean is None:
+        return False
+    acceptance_then, draft_len = then
+    gain = expected_tokens(float(acceptance), draft_len) / expected_tokens(acceptance_then, draft_len)
+    return float(np.exp(mean)) / gain < 1.0 / (1.0 + REPROBE_GAIN)
 
 
 def probe_length(memory: SSDMemory, key, best: int, speedup) -> int:
@@ -384,7 +453,8 @@ def switch_prior(memory: SSDMemory, key, draft_len: int) -> tuple[float | None, 
     return other, (PRIOR_STEPS if other < 0.0 else OTHER_LENGTH_PRIOR_STEPS)
 
 
-def build_priced(tuner, costs: StepCosts, draft, batch_size: int, context: int, slots: int, colocated: bool) -> StepCosts:
+def build_priced(tuner, costs: StepCosts, draft, batch_size: int, context: int, slots: int, colocated: bool,
+                 hit_rate: float | None = None) -> StepCosts:
     """SSD's StepCosts for the cost model: the draft-model methods' `costs` (target forwards, a
     draft forward at batch_size rows), plus, where both models share one device group
     (`colocated`), a draft forward at batch_size * slots rows per draft token: the draft's cache
@@ -394,11 +464,30 @@ def build_priced(tuner, costs: StepCosts, draft, batch_size: int, context: int, 
     grew ~1.8 ms (with the build's rows: 1.13), and the first calls chose L=5-6, which ran 0.80-0.83x
     AR against L=4's 0.94-1.00x. On disjoint groups the build overlaps the verification and the
     costs are returned as they are (what it adds to a step is `step_overhead`'s); so they are when
-    nothing was measured (costs.measured False) or timings are not allowed."""
+    nothing was measured (costs.measured False) or timings are not allowed.
+    hit_rate: the cache's hit rate on the program's recent calls (`hit_rate`; None: none yet). The
+    fallback's forwards run on the critical path only on a miss (a hit's speculation was drafted
+    during the verify), so they are priced at the miss rate: priced at every step, a draft token
+    cost 3.9 ms in the model where SSD's judged steps grew 1.5 ms a token (the 1/5 cost regime,
+    batch 1, one CPU device, held-out prose: L=4 26 ms, L=6 29 ms a step), and after a call at L=5
+    on code the model chose L=1, which ran 0.9x plain decoding's speed where L=4-6 ran 1.1-1.5x."""
+    fallback = costs.draft if hit_rate is None else costs.draft * (1.0 - float(hit_rate))
     if not colocated or not costs.measured or slots <= 0:
-        return costs
+        return costs if hit_rate is None or not costs.measured else dataclasses.replace(costs, draft=fallback)
     build = measure.forward_seconds(tuner, draft, batch_size * slots, 1, context)
-    return costs if build is None else dataclasses.replace(costs, draft=costs.draft + build)
+    return costs if build is None else dataclasses.replace(costs, draft=fallback + build)
+
+
+def hit_rate(memory: SSDMemory, key) -> float | None:
+    """The cache's hit rate on the recent calls of the program `key` (None: none, and for a
+    deterministic tuner)."""
+    return memory.hit_rates.lookup(key) if memory.measures else None
+
+
+def remember_hit_rate(memory: SSDMemory, key, rate: float, lookups: int) -> None:
+    """Adds a call's cache hit rate (over `lookups` lookups; none: nothing) to the program's."""
+    if memory.measures and lookups > 0:
+        memory.hit_rates.add(key, float(rate))
 
 
 def step_overhead(memory: SSDMemory, key, target_step_s: float) -> float:

@@ -8,6 +8,7 @@ import time
 from ssd_jax.draft.fanout import max_budget
 from ssd_jax.methods import SSD
 from ssd_jax.model import Model
+from ssd_jax.runtime.decode_program import bare
 from ssd_jax.runtime.output import GenerateOutput
 from ssd_jax.runtime.prompts import PromptBatch
 from ssd_jax.sampling import SamplingParams
@@ -38,28 +39,38 @@ def ssd_target(method: SSD, target: Model, draft: Model) -> Model:
     return placed_model(target, target_devices)
 
 
+def pair_acceptance_key(target: Model, draft: Model, method: SSD, sampling: SamplingParams) -> tuple:
+    """What SSD's acceptance is remembered under: the key SD's adaptive calls of the pair keep
+    theirs under (`cost_model.SHARED_ACCEPTANCE`; the models as the decode programs take them)."""
+    return cost_model.acceptance_key(bare(target), bare(draft), method, sampling)
+
+
 def choose_length(tuner, method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch: PromptBatch,
-                  max_new_tokens: int, verdict_key: tuple) -> tuple[int, cost_model.StepCosts]:
-    """(the draft length of an "auto" call, the costs it was priced with): the draft-model
-    methods' cost model with the cache build's forwards where both models share devices, plus
-    SSD's own step overhead measured on the program's past calls, at the acceptance of their
-    batch's pace (before any: the remembered acceptance)."""
+                  max_new_tokens: int, verdict_key: tuple) -> tuple[int, cost_model.StepCosts, float | None]:
+    """(the draft length of an "auto" call, the costs it was priced with, the acceptance it was
+    priced at where some call measured it, else None): the draft-model methods' cost model with
+    the cache build's forwards where both models share devices and the fallback's at the
+    program's recent miss rate, plus SSD's own step overhead
+    measured on the program's past calls, at the acceptance of their batch's pace (before any:
+    the pair's remembered acceptance, SD's calls' included: `cost_model.SHARED_ACCEPTANCE`)."""
     context = batch.max_length + max_new_tokens // 2
     target_devices, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
     slots = min(method.fanout_budget, max_budget(method.max_draft_len, target.config.vocab_size))
     costs = ssd_auto.build_priced(tuner, measure.measure_costs(tuner, target, draft, batch.batch_size, context,
                                                                method.max_draft_len),
-                                  draft, batch.batch_size, context, slots, target_devices == draft_devices)
+                                  draft, batch.batch_size, context, slots, target_devices == draft_devices,
+                                  ssd_auto.hit_rate(tuner.ssd, verdict_key))
     paced = ssd_auto.pace_acceptance(tuner.ssd, verdict_key)
-    acceptance = tuner.acceptance_for(cost_model.acceptance_key(target, draft, method, sampling)) \
+    known = tuner.known_acceptance(pair_acceptance_key(target, draft, method, sampling)) \
         if paced is None else paced
+    acceptance = cost_model.PRIOR_ACCEPTANCE if known is None else known
     overhead = ssd_auto.step_overhead(tuner.ssd, verdict_key, costs.target(1))
     draft_len = ssd_auto.probe_length(
         tuner.ssd, verdict_key,
         cost_model.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
         lambda n: cost_model.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))
     ssd_auto.ran_length(tuner.ssd, verdict_key, draft_len)
-    return draft_len, costs
+    return draft_len, costs, known
 
 
 def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
@@ -71,12 +82,17 @@ def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: Pr
         return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
                             **ssd_engine_options(method)), method.draft_len
     start = time.perf_counter()
-    draft_len, costs = choose_length(tuner, method, target, draft, sampling, batch, max_new_tokens, verdict_key)
+    draft_len, costs, known = choose_length(tuner, method, target, draft, sampling, batch, max_new_tokens,
+                                            verdict_key)
+    acceptance_key = pair_acceptance_key(target, draft, method, sampling)
+    ssd_auto.ran_at_acceptance(tuner.ssd, verdict_key, tuner.known_acceptance(acceptance_key), draft_len)
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=tuner.ssd,
-                       verdict_key=verdict_key, **ssd_engine_options(method, draft_len))
+                       verdict_key=verdict_key, prior_acceptance=known, **ssd_engine_options(method, draft_len))
     observed = cost_model.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
-    tuner.remember_acceptance(cost_model.acceptance_key(target, draft, method, sampling), observed)
+    tuner.remember_acceptance(acceptance_key, observed)
+    ssd_auto.remember_hit_rate(tuner.ssd, verdict_key, out.stats.get("cache_hit_rate", 0.0),
+                               out.stats.get("cache_lookups", 0))
     if out.stats.get("judged_step_s") is not None:
         ssd_auto.remember_step(tuner.ssd, verdict_key, draft_len, out.stats["judged_step_s"],
                                out.stats["call_pace_tokens"], costs.spec_step(draft_len))

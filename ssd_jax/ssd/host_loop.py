@@ -107,7 +107,7 @@ class _Decode:
     def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
                  draft_devices, stream: StreamSink | None, sync_timing: bool, auto: SSDMemory | None = None,
-                 verdict_key=None):
+                 verdict_key=None, prior_acceptance: float | None = None):
         b, length = batch.batch_size, plan.num_draft_tokens
         target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
         start = time.perf_counter()
@@ -138,6 +138,7 @@ class _Decode:
         self.plain = functools.partial(plain, chunk=ssd_auto.PLAIN_CHUNK)
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
+        self.prior_acceptance = prior_acceptance
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
         # The config does not say the weights' dtype, nor a sharded target's mesh and rules:
         # a bfloat16 copy of a float32 target took the float32 one's plain step as its own.
@@ -195,11 +196,12 @@ class _Decode:
             key = ("ssd_plain", self.tgroup.ids(), self.target_kind, self.sampling, self.plan.prompt_size,
                    self.plan.out_size, self.rows.size)
             self.plain_key = key
-            plain_s = ssd_auto.plain_step_seconds(self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:],
-                                                  self.timing_state())
             prior, prior_steps = ssd_auto.switch_prior(self.auto, self.verdict_key, self.plan.num_draft_tokens)
-            self.switch = ssd_auto.PlainSwitch(plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior,
-                                               prior_steps=prior_steps)
+            plain_s = ssd_auto.plain_step_seconds(self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:],
+                                                  self.timing_state(), retime=ssd_auto.near_break_even(prior))
+            self.switch = ssd_auto.PlainSwitch(
+                plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior, prior_steps=prior_steps,
+                prior_pace=ssd_auto.prior_pace(self.prior_acceptance, self.plan.num_draft_tokens))
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
         # A step's seconds for the switch run from the previous step's record, so that they hold
         # the lookup and the fallback drafting of missed rows (`next_speculation`), which is on
@@ -380,7 +382,7 @@ def generate_ssd(
     num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
     target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
     fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
-    observe=None, auto: SSDMemory | None = None, verdict_key=None,
+    observe=None, auto: SSDMemory | None = None, verdict_key=None, prior_acceptance: float | None = None,
 ) -> GenerateOutput:
     """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
 
@@ -389,7 +391,9 @@ def generate_ssd(
     first step's dispatches, with the live arrays (target/draft params and states, the speculation
     cache): tests check where they live. auto: for draft_len "auto" (`ssd_jax.ssd.auto`), the
     tuner's SSD memory: switch to plain decoding once SSD measures slower (a measuring tuner's),
-    and remember the verdict under verdict_key (None: not remembered).
+    and remember the verdict under verdict_key (None: not remembered); prior_acceptance: the
+    per-position acceptance earlier calls of the pair measured (None: none), which a key's first
+    judged call weighs its pace against (`ssd_auto.PlainSwitch`).
     """
     b = batch.batch_size
     resolved = fallback if fallback != "auto" else ("ngram" if b >= AUTO_NGRAM_BATCH else "jit")
@@ -399,7 +403,8 @@ def generate_ssd(
     estimator = FanoutEstimator(fanout, num_draft_tokens, fanout_budget, plan.vocab, fanout_acceptance,
                                 fanout_exponent)
     decode = _Decode(target, draft, batch, max_new_tokens, sampling, key, plan, estimator, target_devices,
-                     draft_devices, stream, sync_timing, auto=auto, verdict_key=verdict_key)
+                     draft_devices, stream, sync_timing, auto=auto, verdict_key=verdict_key,
+                     prior_acceptance=prior_acceptance)
     start = time.perf_counter()
     try:
         decode.start()

@@ -139,12 +139,20 @@ def draft_models(draft) -> tuple:
     return tuple(d for d in drafts if d is not None and hasattr(d, "params"))
 
 
+# Methods whose per-position acceptance is another's, remembered under that one's name: SSD
+# verifies one draft path token by token as SD does (a cache hit hands it the path the draft
+# would have drafted after the outcome), so SD's calls of a pair tell SSD's first call what
+# its steps will accept, and SSD's tell SD's.
+SHARED_ACCEPTANCE = {"ssd": "sd"}
+
+
 def acceptance_key(target, draft, method, sampling) -> tuple:
     weights = (target.params,) + tuple(d.params for d in draft_models(draft))
     # Acceptance is remembered per kind of decision: argmax at T=0, argmax of perturbed logits
     # under the Gumbel coupling (lower: noise splits near-ties), random at T > 0.
     kind = "greedy" if sampling.greedy else "coupled" if sampling.coupled else "sampled"
-    return (ParamsIdentity(*weights), method.name, getattr(method, "paths", 1), kind)
+    name = SHARED_ACCEPTANCE.get(method.name, method.name)
+    return (ParamsIdentity(*weights), name, getattr(method, "paths", 1), kind)
 
 
 def cost_width(method) -> int:

@@ -67,6 +67,14 @@ class PlainVerdicts:
             self._values.store(key, (True, 0 if probe else verdict[1] + 1, verdict[2]))
             return not probe
 
+    def probe_now(self, key) -> None:
+        """Counts a call of `key` that runs the adaptive program as a probe outside the count
+        (its verdict's evidence changed): the count starts again."""
+        with self._lock:
+            verdict = self._values.lookup(key)
+            if verdict is not None:
+                self._values.store(key, (verdict[0], 0, verdict[2]))
+
     def is_plain(self, key) -> bool:
         """Whether key's verdict is "decode plainly" (a call that runs the adaptive program while
         it is, `starts_plain` having said no, is a probe). Counts nothing."""

@@ -1,7 +1,8 @@
 """What SSD's draft_len="auto" remembers between calls (`ssd_jax.ssd.auto` decides with it; a
 `ssd_jax.Tuner` owns one): per program key, the timed plain steps, the verdicts that calls
-should start plainly, the lengths run, whether SSD ever paid, and the decayed means of the calls'
-cost ratios, step overheads and paces."""
+should start plainly, the lengths run, whether SSD ever paid, the acceptance its last judged call
+started from, and the decayed means of the calls' cost ratios, step overheads, paces and cache hit
+rates."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class SSDMemory:
         self.verdicts = PlainVerdicts()
         self.lengths_run = Recent()    # key -> the lengths its calls ran SSD at
         self.paid = Recent()           # keys with a call where SSD paid (call ratio below 1)
+        self.verdict_acceptance = Recent()   # key -> (the pair's acceptance, L) at its last judged call
         self.lock = threading.Lock()
         # Recent judged calls' log cost ratios (> 0: SSD slower than plain decoding) over their
         # SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
@@ -33,3 +35,4 @@ class SSDMemory:
         self.steady_ratios = DecayedMeans(VERDICT_WEIGHT, running_start=True)
         self.overheads = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
         self.pace_acceptance = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)
+        self.hit_rates = DecayedMeans(OVERHEAD_WEIGHT, running_start=True)   # the cache's, per program
