@@ -131,8 +131,8 @@ def _generate(call: _Call, method: Method, chosen_per_call: bool, paths_open: bo
     method the program ran, the `AutoCall` of an adaptive loop's run or None)."""
     verdict = auto_call.verdict_key(method, call.target, call.draft, call.sampling, call.batch, call.max_new_tokens)
     if isinstance(method, SSD):
-        acceptance = call.tuner.known_acceptance(pair_acceptance_key(call.target, call.draft, method, call.sampling))
-        if method.adaptive and ssd_auto.starts_plain(call.tuner.ssd, verdict, acceptance):
+        if method.adaptive and ssd_auto.starts_plain(call.tuner.ssd, verdict, call.tuner.known_acceptance(
+                pair_acceptance_key(call.target, call.draft, method, call.sampling))):
             # The tuner remembers that SSD was slower than plain decoding for this program: AR's loop.
             placed = dataclasses.replace(call, target=ssd_target(method, call.target, call.draft))
             return _plain_from_start(placed, method, switched_to_plain_at_step=0, ssd_steps=0), AR(), None

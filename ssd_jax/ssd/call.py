@@ -45,14 +45,15 @@ def pair_acceptance_key(target: Model, draft: Model, method: SSD, sampling: Samp
     return cost_model.acceptance_key(bare(target), bare(draft), method, sampling)
 
 
-def choose_length(tuner, method: SSD, target: Model, draft: Model, sampling: SamplingParams, batch: PromptBatch,
-                  max_new_tokens: int, verdict_key: tuple) -> tuple[int, cost_model.StepCosts, float | None]:
+def choose_length(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                  verdict_key: tuple, acceptance_key: tuple) -> tuple[int, cost_model.StepCosts, float | None]:
     """(the draft length of an "auto" call, the costs it was priced with, the acceptance it was
     priced at where some call measured it, else None): the draft-model methods' cost model with
     the cache build's forwards where both models share devices and the fallback's at the
     program's recent miss rate, plus SSD's own step overhead
     measured on the program's past calls, at the acceptance of their batch's pace (before any:
-    the pair's remembered acceptance, SD's calls' included: `cost_model.SHARED_ACCEPTANCE`)."""
+    the pair's remembered acceptance under `acceptance_key`, SD's calls' included:
+    `pair_acceptance_key`)."""
     context = batch.max_length + max_new_tokens // 2
     target_devices, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
     slots = min(method.fanout_budget, max_budget(method.max_draft_len, target.config.vocab_size))
@@ -61,8 +62,7 @@ def choose_length(tuner, method: SSD, target: Model, draft: Model, sampling: Sam
                                   draft, batch.batch_size, context, slots, target_devices == draft_devices,
                                   ssd_auto.hit_rate(tuner.ssd, verdict_key))
     paced = ssd_auto.pace_acceptance(tuner.ssd, verdict_key)
-    known = tuner.known_acceptance(pair_acceptance_key(target, draft, method, sampling)) \
-        if paced is None else paced
+    known = tuner.known_acceptance(acceptance_key) if paced is None else paced
     acceptance = cost_model.PRIOR_ACCEPTANCE if known is None else known
     overhead = ssd_auto.step_overhead(tuner.ssd, verdict_key, costs.target(1))
     draft_len = ssd_auto.probe_length(
@@ -82,9 +82,9 @@ def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: Pr
         return generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream,
                             **ssd_engine_options(method)), method.draft_len
     start = time.perf_counter()
-    draft_len, costs, known = choose_length(tuner, method, target, draft, sampling, batch, max_new_tokens,
-                                            verdict_key)
     acceptance_key = pair_acceptance_key(target, draft, method, sampling)
+    draft_len, costs, known = choose_length(tuner, method, target, draft, batch, max_new_tokens, verdict_key,
+                                            acceptance_key)
     ssd_auto.ran_at_acceptance(tuner.ssd, verdict_key, tuner.known_acceptance(acceptance_key), draft_len)
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=tuner.ssd,
