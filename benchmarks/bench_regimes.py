@@ -198,9 +198,9 @@ def rate(row: dict, temperature: float) -> float:
     continuations of its own, all rounds' tokens over all their seconds. A sampled call's fastest
     round is also its luckiest continuation, or one an EOS cut short (AR on held-out code: 156
     tokens in 1.33 s against 256 in 2.22 s), whose seconds best-of paired with the call's mean
-    tokens; it also made the best of four fixed lengths the luckiest of four. The price: an "auto"
-    program's one-off calibration on a timed call counts (CSD, 1/5, T=1, code: 9.1 s against 1.6 s
-    in the other round)."""
+    tokens; it also made the best of four fixed lengths the luckiest of four. A timed call's
+    one-off calibrations are not in its seconds (`spec_harness.timed_generate`), or pooled rounds
+    would count them (CSD, 1/5, T=1, code: 9.1 s against 1.6 s in the other round)."""
     if temperature == 0:
         return row["tokens_per_second"]
     return float(np.sum(row["round_tokens"]) / np.sum(row["round_wall_s"]))

@@ -94,7 +94,8 @@ def generate(
     to the host. A fixed method streams the tokens of the unstreamed call; under draft_len "auto"
     each piece's end also ends the loop's phase, so at T > 0 the samples may differ (the law is
     the target's). tuner: the `ssd_jax.Tuner` whose measurements and memories decide "auto"
-    (None: `ssd_jax.default_tuner()`).
+    (None: `ssd_jax.default_tuner()`); stats["calibration_time_s"] says how long the call spent
+    on the tuner's calibrations, once per program and machine (`Tuner.calibrating`).
     Returns GenerateOutput(tokens, finish_reasons, stats, plan); `decode(..., plan=out.plan)` with
     the same key gives the same tokens for every method but SSD (and streamed "auto" calls).
     Raises InputError on bad arguments, including the keyword options of the old API
@@ -106,6 +107,7 @@ def generate(
         raise InputError("method must be a method object or name, got a Tuner; pass it as tuner=...")
     requested = as_method(method)
     tuner = as_tuner(tuner)
+    calibrated_before = tuner.calibration_seconds()
     if not isinstance(target, Model):
         return check_models(requested, target, draft, SamplingParams())  # raises, naming the problem
     if stream is not None and not callable(stream):
@@ -123,6 +125,8 @@ def generate(
     out, program, auto = _generate(call, method, chosen_per_call, paths_open)
     out.plan = fixed_plan(requested, program, target, draft, sampling, call.max_new_tokens,
                           loop=auto and auto.plan, costs=auto and auto.loop_inputs)
+    # What this call spent on measurements kept per machine, which later processes read back.
+    out.stats["calibration_time_s"] = tuner.calibration_seconds() - calibrated_before
     return out
 
 

@@ -343,3 +343,44 @@ def test_a_process_pinned_to_fewer_cores_measures_for_itself(monkeypatch):
         names[len(cores)] = calibration_store._digest("forward", text)
         assert calibration_store.machine()["cores"] == len(cores)
     assert names[1] != names[2]
+
+
+def test_a_call_reports_the_calibrations_it_made(monkeypatch):
+    """A call that calibrates its program says how long that took (calibration_time_s: the
+    benchmarks leave it out of a call's time, as they do its compile); the next call of the
+    program reads the calibration back and reports none."""
+    tuner = measuring(monkeypatch)
+    monkeypatch.setenv(calibration_store.DIR_ENV, "")
+    calibrate = measure._calibrate
+
+    def slowly(*args, **kwargs):
+        time.sleep(0.4)
+        return calibrate(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_calibrate", slowly)
+    target, _ = pair(vocab=64, seed=0, noise=0.3)
+    calls = [ssd_jax.generate(target, [[3, 4, 5, 3, 4]], max_new_tokens=16, method=ssd_jax.PLD(draft_len="auto"),
+                              tuner=tuner) for _ in range(2)]
+    assert calls[0].stats["calibration_time_s"] >= 0.4
+    assert calls[1].stats["calibration_time_s"] == 0.0
+    assert calls[0].tokens == calls[1].tokens
+
+
+def test_calibration_seconds_count_nested_calibrations_once_and_per_thread():
+    """A calibration inside another adds its seconds once; another thread's do not show in this
+    thread's total."""
+    tuner = Tuner(store=None)
+    with tuner.calibrating("outer"):
+        time.sleep(0.05)
+        with tuner.calibrating("inner"):
+            time.sleep(0.05)
+    alone = tuner.calibration_seconds()
+    assert 0.1 <= alone < 0.2
+    def elsewhere():
+        with tuner.calibrating("elsewhere"):
+            time.sleep(0.1)
+
+    other = threading.Thread(target=elsewhere)
+    other.start()
+    other.join()
+    assert tuner.calibration_seconds() == alone

@@ -26,7 +26,6 @@ import numpy as np
 
 from ssd_jax.runtime import calibration_store
 from ssd_jax.loop.costs import host_costs
-from ssd_jax.runtime.progress import notice
 from ssd_jax.runtime.processes import agreed
 from ssd_jax.tuning import measure
 from ssd_jax.tuning.cost_model import FORCE_PLAIN, trimmed_mean
@@ -120,7 +119,8 @@ def ar_step_ratio(tuner, ar_executable, ar_args: tuple, loop_executable, loop_ar
         known, ratio = known_ratio(tuner, key)   # measured by another thread while this one waited
         if known:
             return ratio
-        ratio = _measured_ratio(ar_executable, ar_args, loop_executable, loop_args)
+        with tuner.calibrating("timing AR's step against the adaptive loop's plain step (once per program and machine)"):
+            ratio = _measured_ratio(ar_executable, ar_args, loop_executable, loop_args)
         if ratio is None:
             return None
         plausible = _plausible(ratio)
@@ -134,23 +134,22 @@ def ar_step_ratio(tuner, ar_executable, ar_args: tuple, loop_executable, loop_ar
 def _measured_ratio(ar_executable, ar_args: tuple, loop_executable, loop_args: tuple) -> float | None:
     """`ar_step_ratio`'s measurement, not remembered: None where a program's longer run takes no
     extra step."""
-    with notice("timing AR's step against the adaptive loop's plain step (once per program and machine)"):
-        ar_short = timed_run(ar_executable, ar_args, 1)
-        tokens = calibration_tokens(ar_short()[1])
-        runs = dict(ar_short=ar_short, ar_long=timed_run(ar_executable, ar_args, tokens),
-                    loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
-                    loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
-        steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
-        extra = {name: steps[f"{name}_long"] - steps[f"{name}_short"] for name in ("ar", "loop")}
-        if min(extra.values()) < 1:
-            return None
-        ratios = []
-        for _ in range(measure._CALIBRATION_ROUNDS):
-            seconds = {name: run()[0] for name, run in runs.items()}
-            per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
-                        for name in ("ar", "loop")}
-            ratios.append(per_step["ar"] / per_step["loop"])
-        return float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
+    ar_short = timed_run(ar_executable, ar_args, 1)
+    tokens = calibration_tokens(ar_short()[1])
+    runs = dict(ar_short=ar_short, ar_long=timed_run(ar_executable, ar_args, tokens),
+                loop_short=timed_run(loop_executable, loop_args, 1, FORCE_PLAIN),
+                loop_long=timed_run(loop_executable, loop_args, tokens, FORCE_PLAIN))
+    steps = {name: int(jax.device_get(run()[1].counters["spec"].target_calls)) for name, run in runs.items()}
+    extra = {name: steps[f"{name}_long"] - steps[f"{name}_short"] for name in ("ar", "loop")}
+    if min(extra.values()) < 1:
+        return None
+    ratios = []
+    for _ in range(measure._CALIBRATION_ROUNDS):
+        seconds = {name: run()[0] for name, run in runs.items()}
+        per_step = {name: max(seconds[f"{name}_long"] - seconds[f"{name}_short"], 1e-9) / extra[name]
+                    for name in ("ar", "loop")}
+        ratios.append(per_step["ar"] / per_step["loop"])
+    return float(agreed(np.asarray([trimmed_mean(ratios)], np.float64))[0])
 
 
 def loses_to_ar(loop_costs, steps_by_cap, plain_steps: int, ar_steps: int, ar_ratio) -> tuple[bool, float | None]:

@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.runtime.progress import notice
 from ssd_jax.loop.costs import cost_vector, host_costs
 from ssd_jax.runtime import calibration_store, program_store
 from ssd_jax.runtime.compile_cache import signature
@@ -28,7 +27,7 @@ _LOOP_FORWARDS = 16
 _REPEATS = 5
 
 
-def _loop_seconds(store: str | None, params, config, batch: int, width: int, context: int) -> float:
+def _loop_seconds(tuner, params, config, batch: int, width: int, context: int) -> float:
     """Seconds per forward of `width` tokens over a cache holding `context` tokens, timed as a
     jitted loop of _LOOP_FORWARDS forwards (best of _REPEATS); kept on disk per loop and machine
     (`ssd_jax.runtime.calibration_store`), so a new process reads it back (instead of ~1 s
@@ -56,11 +55,11 @@ def _loop_seconds(store: str | None, params, config, batch: int, width: int, con
     described = program_store.describe(f"{__name__}._loop_seconds", (config, batch, width, context, per_layer,
                                                                      _LOOP_FORWARDS), signature(params))
     lowered = None if described is not None else loop.lower(params)
-    stored = calibration_store.path_for_text("forward", described or lowered.as_text(), store)
+    stored = calibration_store.path_for_text("forward", described or lowered.as_text(), tuner.store_dir())
     kept = calibration_store.load(stored)
     if kept is not None and len(kept) == 1 and kept[0] > 0:
         return kept[0]
-    with notice(f'timing a forward of {width} token{"s" if width > 1 else ""} for draft_len="auto" (once per machine)'):
+    with tuner.calibrating(f'timing a forward of {width} token{"s" if width > 1 else ""} for draft_len="auto" (once per machine)'):
         compiled = (lowered or loop.lower(params)).compile()
         jax.block_until_ready(compiled(params))
         best = np.inf
@@ -88,7 +87,7 @@ def forward_seconds(tuner, model, batch: int, width: int, context: int, measure:
         return known
 
     def seconds() -> float:
-        measured = _loop_seconds(tuner.store_dir(), loop_params(model), model.config, batch, width, context_bucket(context))
+        measured = _loop_seconds(tuner, loop_params(model), model.config, batch, width, context_bucket(context))
         return float(agreed(np.asarray([measured]))[0])
 
     return tuner.measured_once(tuner.forward_seconds, key, seconds)
@@ -222,7 +221,7 @@ def _kept_or_measured(tuner, executable, args: tuple, program_key, costs: StepCo
         stored = calibration_store.path_for(executable, key=program_key, store=tuner.store_dir())
         calibration = calibration_store.load(stored)
         if not usable_calibration(calibration, size):
-            with notice('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
+            with tuner.calibrating('timing the decode program\'s steps for draft_len="auto" (once per program and machine)'):
                 calibration = tuple(float(x) for x in agreed(np.asarray(
                     _calibrate(executable, args, costs, takes_cap, table_caps))))
             calibration_store.save(stored, calibration)

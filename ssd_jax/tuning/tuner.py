@@ -16,9 +16,11 @@ machine. Two tuners never share a memory; `reset` forgets everything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Iterator
 
 from ssd_jax.errors import InputError
 from ssd_jax.tuning.cost_model import PRIOR_ACCEPTANCE
@@ -60,6 +62,8 @@ class Tuner:
         # each timing the other's runs too.
         self.measuring = threading.RLock()
         self._lock = threading.Lock()
+        # Per thread: the seconds its calibrations took (`calibrating`), and how deep it is in them.
+        self._calibration_clock = threading.local()
         self.reset()
 
     @property
@@ -124,6 +128,30 @@ class Tuner:
                 value = measure()
                 self.keep(table, key, value)
         return value
+
+    @contextlib.contextmanager
+    def calibrating(self, text: str) -> Iterator[None]:
+        """Around a measurement that is kept per machine (a calibration: `calibration_store`):
+        shows `text` as a notice and adds its seconds to this thread's `calibration_seconds`,
+        once where calibrations nest."""
+        from ssd_jax.runtime.progress import notice
+
+        clock = self._calibration_clock
+        depth = getattr(clock, "depth", 0)
+        clock.depth = depth + 1
+        start = time.perf_counter()
+        try:
+            with notice(text):
+                yield
+        finally:
+            clock.depth = depth
+            if depth == 0:
+                clock.seconds = self.calibration_seconds() + time.perf_counter() - start
+
+    def calibration_seconds(self) -> float:
+        """The seconds this thread has spent in this tuner's calibrations (`calibrating`), in
+        all: a call's share is the difference across it (`generate`'s calibration_time_s)."""
+        return getattr(self._calibration_clock, "seconds", 0.0)
 
     def __repr__(self) -> str:
         return f"Tuner(deterministic={self._deterministic}, store={self._store!r})"
