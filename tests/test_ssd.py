@@ -37,7 +37,7 @@ from ssd_jax.runtime.decode_program import bare
 from ssd_jax.ssd import steps as ssd_steps
 from ssd_jax.loop.autoregressive import prefill
 from ssd_jax.errors import InputError
-from ssd_jax.models.transformer import forward_full
+from ssd_jax.models.transformer import forward_cached, forward_full
 from ssd_jax.sampling import SamplingParams, probabilities
 from ssd_jax.tuning import cost_model, measure
 from ssd_jax.tuning.memory import Recent
@@ -199,6 +199,81 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
         # its plain chunks (16 steps, compiled by the plain step's measurement) timed the plain step
         assert all(seconds > 0 for runs in tuner.ssd.plain_runs.values() for seconds in runs)
         assert sum(map(len, tuner.ssd.plain_runs.values())) >= 1
+
+
+def _resuming(monkeypatch, chunk: int = ssd_auto.PLAIN_CHUNK) -> None:
+    """SSD "auto" switching to plain after each SSD step and resuming after every plain chunk
+    the draft read (plain chunks of `chunk` tokens), as often as MAX_RESUMES allows."""
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["after-one-step"])
+    monkeypatch.setattr(ssd_auto, "PLAIN_CHUNK", chunk)
+    monkeypatch.setattr(ssd_auto, "RESUME_MIN_TOKENS", 1)
+    monkeypatch.setattr(ssd_auto, "may_resume", lambda *args: True)
+    monkeypatch.setattr(ssd_auto.ReadAcceptance, "resume_pays", lambda self, *args: 2.0)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("coupling", ["greedy", "gumbel"])
+def test_ssd_resumed_after_plain_stretches_keeps_autoregressive_tokens(models, prompts, monkeypatch, streaming,
+                                                                       coupling):
+    """SSD resumed after plain stretches (the draft read each one, `ssd_steps.draft_read`), again
+    and again: greedy output is AR's, and under the Gumbel coupling at T=1 AR's sampled tokens,
+    streamed as they come."""
+    target, draft = models
+    _resuming(monkeypatch, chunk=4)
+    sampling = dict() if coupling == "greedy" else dict(temperature=1.0, coupling="gumbel")
+    reference = ssd_jax.generate(target, prompts, max_new_tokens=40, **sampling)
+    got: list[list[int]] = [[] for _ in prompts]
+
+    def sink(tokens, counts):
+        for row in range(len(prompts)):
+            got[row].extend(int(t) for t in tokens[row, : counts[row]])
+
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=3),
+                           draft=draft, stream=sink if streaming else None, **sampling)
+    assert out.tokens == reference.tokens and (got == out.tokens or not streaming)
+    assert out.stats["ssd_resumed"] == ssd_auto.MAX_RESUMES and out.stats["switched_to_plain_at_step"] == 1
+    assert out.stats["ssd_steps"] == 1 + ssd_auto.MAX_RESUMES
+
+
+def test_resuming_needs_the_reads_to_predict_a_cheaper_token():
+    """The reads' acceptance (of the live row reading lowest) predicts SSD's pace; SSD resumes
+    where its window's step time at that pace beats plain decoding by RESUME_MARGIN, and the
+    stretch is read only where a step accepting every draft token could pay."""
+    reads = ssd_auto.ReadAcceptance.empty(2)
+    live = np.array([True, True])
+    assert reads.pace(live, 4) is None   # nothing read yet
+    chunk = ssd_auto.PLAIN_CHUNK
+    reads.add(np.array([[1.0] * chunk, [0.5] * chunk]), np.array([chunk, chunk]))
+    assert reads.pace(live, 4) == pytest.approx(cost_model.expected_tokens(0.5, 4))    # the lower row
+    assert reads.pace(np.array([True, False]), 4) == pytest.approx(cost_model.expected_tokens(1.0, 4))
+    pace = cost_model.expected_tokens(0.5, 4)   # 1.94 tokens a step
+    assert reads.resume_pays(live, 4, step_s=1.5, plain_step_s=1.0) == pytest.approx(pace)   # 0.77 a token
+    assert reads.resume_pays(live, 4, step_s=1.8, plain_step_s=1.0) is None                  # 0.93: too close
+    assert reads.resume_pays(live, 4, step_s=None, plain_step_s=1.0) is None
+    reads.add(np.zeros((2, chunk)), np.array([chunk, chunk]))   # the last chunk weighs READ_DECAY against 1
+    assert reads.pace(np.array([True, False]), 4) == pytest.approx(cost_model.expected_tokens(
+        ssd_auto.READ_DECAY / (1 + ssd_auto.READ_DECAY), 4))
+    assert ssd_auto.may_resume(4.0, 1.0, 4) and not ssd_auto.may_resume(4.6, 1.0, 4)
+    assert not ssd_auto.may_resume(None, 1.0, 4)
+
+
+def test_a_resumed_switch_judges_its_window_afresh():
+    """On resuming, the switch's window restarts (one step unjudged, then MIN_STEPS judged ones
+    before it may switch again) and weighs its pace against the reads' prediction, not the
+    program's past calls; the call's totals go on."""
+    switch = ssd_auto.PlainSwitch(1.0, prior_log_ratio=0.5)
+    for _ in range(ssd_auto.WARMUP_STEPS + ssd_auto.MIN_STEPS):
+        switch.record(2.0, 1.0)
+    assert switch.slower_than_plain()
+    spent = switch.spent_steps
+    switch.resume(3.0)
+    assert switch.window_step_s() is None and not switch.slower_than_plain()
+    assert switch.prior_log_ratio is None and switch.prior_pace == 3.0
+    switch.record(9.0, 1.0)   # unjudged: drafted on the critical path
+    for _ in range(ssd_auto.MIN_STEPS):
+        switch.record(1.5, 2.0)   # 0.75 s a token, against plain decoding's 1 s
+    assert switch.window_step_s() == pytest.approx(1.5) and not switch.slower_than_plain()
+    assert switch.spent_steps == spent + 1 + ssd_auto.MIN_STEPS
 
 
 @pytest.mark.parametrize("streaming", [False, True])
@@ -985,6 +1060,73 @@ def test_blocked_sampler_draws_from_the_distribution():
     assert not np.any(freq[64:128])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_draft_read_catches_the_draft_up_on_a_plain_stretch(models, temperature):
+    """After `draft_read` over a plain stretch (ragged rows, a verification's catch-up pending),
+    the draft's context holds the text, its cache the text but the new root, and it drafts from
+    there what a draft prefilled on that text drafts; each stretch token's agreement is whether
+    the draft would have decided it (T=0) or min(1, q/p) (T>0), 0 past the row's count."""
+    _, draft = models
+    dcfg, vocab, length, width, chunk = draft.config, draft.config.vocab_size, 3, 96, 16
+    sampling = SamplingParams(temperature=temperature)
+    rng = np.random.default_rng(5)
+    prompt_lengths = np.array([5, 9], np.int32)
+    tokens = rng.integers(2, vocab, (2, 9)).astype(np.int32)
+    first, next_token = rng.integers(2, vocab, 2).astype(np.int32), rng.integers(2, vocab, 2).astype(np.int32)
+    keys = jax.random.key_data(jax.random.split(jax.random.key(4), 2))
+    state = ssd_steps.draft_prefill(draft.params, tokens, prompt_lengths, first, keys, dcfg=dcfg, capacity=width,
+                                    context_capacity=width)
+    # The cache build's forward over [cur, d] writes their K/V uncommitted; the verification then
+    # accepted k of d and chose next_token: that catch-up is pending.
+    drafted = rng.integers(2, vocab, (2, length)).astype(np.int32)
+    cache = state["cache"]
+    positions = cache.lengths[:, None] + jnp.arange(length + 1)[None, :]
+    _, cache = forward_cached(draft.params, dcfg, jnp.concatenate([first[:, None], drafted], 1), positions, cache)
+    state = dict(state, cache=cache)
+    accepted = np.array([2, 0])
+    j = np.arange(length + 1)[None, :]
+    padded = np.concatenate([drafted, np.zeros((2, 1), np.int32)], 1)
+    emitted = np.where(j < accepted[:, None], padded, np.where(j == accepted[:, None], next_token[:, None], 0))
+    plain = rng.integers(2, vocab, (2, chunk)).astype(np.int32)
+    chosen = rng.uniform(0.05, 1.0, (2, chunk)).astype(np.float32)
+    count = np.array([chunk, 11], np.int32)
+    read = jax.jit(functools.partial(ssd_steps.draft_read, dcfg=dcfg, sampling=sampling, target_vocab=vocab))
+    after, agreement = read(draft.params, state, emitted.astype(np.int32), (accepted + 1).astype(np.int32),
+                            next_token, plain, chosen, count)
+    agreement = np.asarray(agreement)
+    layout = SlotLayout.from_fanout((2, 1, 1, 2), 6)
+    greedy = dict(dcfg=dcfg, sampling=SamplingParams(), target_vocab=vocab, saguaro_c=1.0, rmax=6,
+                  num_draft_tokens=length)
+    fallback = jax.jit(functools.partial(ssd_steps.fallback_model, **greedy))
+    texts = [np.concatenate([tokens[b, :prompt_lengths[b]], [first[b]], drafted[b, :accepted[b]], [next_token[b]],
+                             plain[b, :count[b]]]).astype(np.int32) for b in range(2)]
+    for b, text in enumerate(texts):
+        assert int(after["context_len"][b]) == len(text)
+        assert np.array_equal(np.asarray(after["context"])[b, :len(text)], text)
+        assert int(after["cache"].lengths[b]) == len(text) - 1
+        logits = np.asarray(forward_full(draft.params, dcfg, jnp.asarray(text[None]))[0], np.float64)
+        start = len(text) - count[b]   # the stretch's first token; the logits before each token predict it
+        predicting = logits[start - 1: len(text) - 1]
+        if temperature == 0:
+            expected = (np.argmax(predicting, axis=-1) == plain[b, :count[b]]).astype(np.float32)
+        else:
+            q = np.asarray(probabilities(jnp.asarray(predicting), sampling))[np.arange(count[b]), plain[b, :count[b]]]
+            expected = np.minimum(1.0, q / chosen[b, :count[b]])
+        np.testing.assert_allclose(agreement[b, :count[b]], expected, atol=2e-5)
+        assert not agreement[b, count[b]:].any()
+    # The cache behaves as a prefill of the text but its last token, the new root: the same greedy draft.
+    widest = max(len(t) for t in texts)
+    fresh = ssd_steps.draft_prefill(
+        draft.params, jnp.asarray([np.pad(t[:-1], (0, widest - len(t))) for t in texts]),
+        jnp.asarray([len(t) - 1 for t in texts], jnp.int32), jnp.asarray([t[-1] for t in texts]), keys, dcfg=dcfg,
+        capacity=width, context_capacity=width)
+    roots = jnp.asarray([t[-1] for t in texts])
+    no_catch_up = (jnp.zeros((2, length + 1), jnp.int32), jnp.zeros((2,), jnp.int32))
+    ours, _ = fallback(draft.params, after, *no_catch_up, roots, jnp.asarray(layout.fanout), 3)
+    theirs, _ = fallback(draft.params, fresh, *no_catch_up, roots, jnp.asarray(layout.fanout), 3)
+    assert np.array_equal(np.asarray(ours), np.asarray(theirs))
+
+
 # ---------------------------------------------------------------------------------- speculation cache
 
 @pytest.mark.parametrize("temperature, c", [(0.0, 1.0), (1.0, 1.0), (0.8, 0.4)])
@@ -1051,21 +1193,21 @@ def tiny_models():
     return target, noisy_copy(target, 1.0, 4)
 
 
-def _exact_law(target, prompt, sampling):
-    """P(x1..x3 | prompt) for all VOCAB**3 continuations, float64."""
-    law = np.zeros((VOCAB,) * NEW)
-    for seq in itertools.product(range(VOCAB), repeat=NEW):
+def _exact_law(target, prompt, sampling, new: int = NEW):
+    """P(x1..x_new | prompt) for all VOCAB**new continuations, float64."""
+    law = np.zeros((VOCAB,) * new)
+    for seq in itertools.product(range(VOCAB), repeat=new):
         tokens = np.array([prompt + list(seq)])
         probs = np.asarray(probabilities(ssd_jax.forward(target, tokens)[0], sampling), np.float64)
-        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(NEW)])
+        law[seq] = np.prod([probs[len(prompt) - 1 + i, seq[i]] for i in range(new)])
     return law / law.sum()
 
 
-def _empirical(target, draft, prompt, sampling, options):
+def _empirical(target, draft, prompt, sampling, options, new: int = NEW):
     keys = jax.random.split(jax.random.PRNGKey(11), SAMPLES)
-    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=NEW, method=make("ssd", **options), draft=draft,
+    out = ssd_jax.generate(target, [prompt] * SAMPLES, max_new_tokens=new, method=make("ssd", **options), draft=draft,
                            key=keys, temperature=sampling.temperature, top_k=sampling.top_k)
-    counts = np.zeros((VOCAB,) * NEW)
+    counts = np.zeros((VOCAB,) * new)
     for row in out.tokens:
         counts[tuple(row)] += 1
     return counts / SAMPLES, out.stats
@@ -1105,6 +1247,18 @@ def test_sampled_law_with_the_switch_to_plain_decoding(tiny_models, monkeypatch)
     freq, stats = _empirical(target, draft, prompt, sampling, dict(num_draft_tokens="auto", max_draft_len=2))
     assert stats["switched_to_plain_at_step"] == 1 and stats["ar_fallback_share"] > 0
     assert _consistent(freq, _exact_law(target, prompt, sampling))
+
+
+def test_sampled_law_with_ssd_resumed_after_plain_stretches(tiny_models, monkeypatch):
+    """SSD switching to plain after its first step and resuming after a one-token plain stretch:
+    the law over 4 tokens (SSD steps before and after the stretch) is still the target's."""
+    target, draft = tiny_models
+    _resuming(monkeypatch, chunk=1)
+    sampling = SamplingParams(temperature=1.0)
+    prompt = [0, 2, 1]
+    freq, stats = _empirical(target, draft, prompt, sampling, dict(num_draft_tokens="auto", max_draft_len=1), new=4)
+    assert stats["ssd_resumed"] >= 1 and stats["ssd_steps"] >= 2, {k: stats.get(k) for k in ("ssd_resumed", "ssd_steps", "switched_to_plain_at_step", "planned_draft_len", "adaptive")}
+    assert _consistent(freq, _exact_law(target, prompt, sampling, new=4))
 
 
 def test_sampled_law_with_top_k(tiny_models):

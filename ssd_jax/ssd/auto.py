@@ -19,8 +19,14 @@ step that compiled); once MIN_STEPS steps were judged, if
 lags by chance more than a call's does; the ratio's log weighed against the program's recent
 calls', `PlainSwitch.slower_than_plain`; a program's first call weighs its pace against the
 pair's remembered acceptance instead, `PlainSwitch.cost_ratio`), the loop finishes the call with
-`ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps when streaming (streamed
-chunk by chunk), else one program for the rest of the call.
+`ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps, after each of which the
+draft reads the chunk (`ssd_steps.draft_read`: it catches up, and says how often its speculation
+would have been accepted there); where that acceptance predicts SSD a token RESUME_MARGIN cheaper
+than plain decoding at SSD's recent step time (`ReadAcceptance.resume_pays`), SSD resumes, at
+most MAX_RESUMES times a call. Early steps are judged before a text turns predictable (1/5
+cost regime, prose: SSD "auto" at 0.70 of fixed L=4 with a final switch). Where even a step
+accepting every draft token could not pay, or too few tokens are left, the rest of the call runs
+as one program (streaming: chunk by chunk), unread.
 
 The verdict is remembered per (pair, method, sampling, shapes), and it is the recent calls'
 verdict, not the last one's: the mean of their log cost ratios over their SSD steps
@@ -50,8 +56,9 @@ the step is the median of those timings and the last PLAIN_RUNS_KEPT plain parts
 slow moment of the machine stayed in every later verdict (batch 4, one CPU device: 5.9 ms where
 other processes read 4.5-5.6 ms, and SSD at L=5-6 judged faster than plain decoding on calls that
 ran 0.83-0.99x AR; batch 8: SSD at L=2 on every step of every call, 0.84x AR).
-The switch and the length use only timings and past steps, never a step's target probabilities,
-so the output law stays the target's.
+The switch, the resumption and the length use only timings and tokens already emitted (and
+the target's probabilities of those), never what decides the step to come, so the output law
+stays the target's.
 """
 
 from __future__ import annotations
@@ -101,6 +108,13 @@ PLAIN_RUN_MIN_STEPS = 16   # a switched call's plain part times the plain step f
 PLAIN_RUNS_KEPT = 8
 RETIME_MARGIN = 0.2      # |log cost ratio| within which the plain step is timed again (`near_break_even`)
 REPROBE_GAIN = 0.05      # a plain verdict's next call probes where the acceptance predicts this gain (`acceptance_rose`)
+# A call decoding plainly resumes SSD where the draft's reading of the plain stretch predicts SSD
+# this much cheaper a token (`ReadAcceptance.resume_pays`), with at least RESUME_MIN_TOKENS left
+# to every live row, at most MAX_RESUMES times a call; READ_DECAY weighs each chunk read before.
+RESUME_MARGIN = 0.1
+RESUME_MIN_TOKENS = 3 * PLAIN_CHUNK
+MAX_RESUMES = 4
+READ_DECAY = 0.5
 
 
 def expected_largest_normal(count: int) -> float:
@@ -277,6 +291,68 @@ class PlainSwitch:
         if self.prior_log_ratio is None and self.prior_pace is not None and self.steps:
             pace = (self.steps * pace + PRIOR_STEPS * self.prior_pace) / (self.steps + PRIOR_STEPS)
         return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
+
+
+    def window_step_s(self) -> float | None:
+        """SSD's decayed seconds per step over the judged window (None: no judged step)."""
+        return self.seconds / self.weight if self.steps else None
+
+    def resume(self, predicted_pace: float) -> None:
+        """SSD resumes after a plain stretch (`ReadAcceptance.resume_pays`): the window starts
+        again, its pace weighed against predicted_pace (what the draft's reading of the stretch
+        predicts) instead of the program's past calls, which switched this call to plain; the
+        programs are warm, so one step is left unjudged (its speculation drafted on the critical
+        path), not the call's warm-up. The call's totals (`call_ratio`, `judged_ratio`) go on."""
+        self.seconds = self.tokens = 0.0
+        self.steps = 0
+        self.seen = max(WARMUP_STEPS - 1, 0)
+        self.progress = None
+        self.row_sums = None
+        self.prior_log_ratio = None
+        self.prior_pace = float(predicted_pace)
+
+
+@dataclasses.dataclass
+class ReadAcceptance:
+    """Per row, the decayed sums of the draft's agreement with the tokens a call decoded plainly
+    (`ssd_steps.draft_read`) and of their count: the acceptance SSD would have had on them."""
+
+    agreement: np.ndarray   # float64 [B]
+    count: np.ndarray       # float64 [B]
+
+    @classmethod
+    def empty(cls, batch: int) -> "ReadAcceptance":
+        return cls(np.zeros((batch,), np.float64), np.zeros((batch,), np.float64))
+
+    def add(self, agreement, count) -> None:
+        """One chunk's read: agreement float [B, C] (0 past a row's count), count int [B]."""
+        self.agreement = READ_DECAY * self.agreement + np.sum(np.asarray(agreement, np.float64), axis=1)
+        self.count = READ_DECAY * self.count + np.asarray(count, np.float64)
+
+    def pace(self, live, draft_len: int) -> float | None:
+        """The tokens per SSD step the reads predict for the batch: E(L) at the acceptance of the
+        live row that reads lowest (a batch goes at its slowest row's pace); None until every live
+        row read a chunk's worth."""
+        live = np.asarray(live, bool)
+        if not live.any() or np.min(self.count[live]) < PLAIN_CHUNK * 0.5:
+            return None
+        acceptance = float(np.min(self.agreement[live] / self.count[live]))
+        return expected_tokens(acceptance, draft_len)
+
+    def resume_pays(self, live, draft_len: int, step_s: float | None, plain_step_s: float) -> float | None:
+        """The predicted pace where SSD, at its window's seconds per step (step_s), would decode a
+        token RESUME_MARGIN cheaper than plain decoding at that pace; else None."""
+        pace = self.pace(live, draft_len)
+        if pace is None or step_s is None:
+            return None
+        return pace if step_s / (plain_step_s * pace) < 1.0 - RESUME_MARGIN else None
+
+
+def may_resume(step_s: float | None, plain_step_s: float, draft_len: int) -> bool:
+    """Whether SSD could pay again at all: at its window's seconds per step, a step accepting
+    every draft token (L + 1 tokens) beats plain decoding by RESUME_MARGIN. Where it cannot, the
+    call's plain stretch is not read (`ssd_steps.draft_read`)."""
+    return step_s is not None and step_s / (plain_step_s * (draft_len + 1)) < 1.0 - RESUME_MARGIN
 
 
 def prior_pace(acceptance: float | None, draft_len: int) -> float | None:

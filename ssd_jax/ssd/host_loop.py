@@ -135,9 +135,12 @@ class _Decode:
                                         verifier=verifier)
         self.build = functools.partial(steps.draft_build, dcfg=dcfg, **drafting)
         plain = functools.partial(steps.target_plain, tcfg=tcfg, sampling=sampling, capacity=plan.capacity)
-        self.plain = functools.partial(plain, chunk=ssd_auto.PLAIN_CHUNK)
+        self.plain_chunk = ssd_auto.PLAIN_CHUNK
+        self.plain = functools.partial(plain, chunk=self.plain_chunk)
         self.plain_rest = functools.partial(plain, chunk=plan.out_size)
+        self.read = functools.partial(steps.draft_read, dcfg=dcfg, sampling=sampling, target_vocab=vocab)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
+        self.resumes = 0   # plain stretches after which SSD resumed (`plain_stretch`)
         self.prior_acceptance = prior_acceptance
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
         # The config does not say the weights' dtype, nor a sharded target's mesh and rules:
@@ -162,6 +165,7 @@ class _Decode:
         split = self.tgroup.devices != self.dgroup.devices
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft") if split and not sync_timing else None
         self.rows = np.arange(b)
+        self.produced = np.zeros((b,), np.int64)   # tokens appended to each row's output
         self.emitted = np.zeros((b, length + 1), np.int32)
         self.n_adv = np.zeros((b,), np.int32)
         self.q = None
@@ -182,6 +186,7 @@ class _Decode:
         self.cur = packed[:, steps.OUT_NEXT].astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
         self.emit(self.cur[:, None], packed[:, steps.OUT_APPENDED])
+        self.produced += packed[:, steps.OUT_APPENDED]
         d_tokens, d_lengths, d_keys = self.d_inputs
         self.dstate = self.run("ssd_draft_prefill", self.prefill_d, self.dgroup, self.dparams, d_tokens, d_lengths,
                                self.cur, d_keys)
@@ -236,26 +241,63 @@ class _Decode:
 
     def run_plain(self, state, cur, step: int, rest: bool = False):
         """Plain decoding (`ssd_steps.target_plain`), one chunk or (rest) up to the end of the
-        call: (state, emitted, appended, done, cur)."""
-        name, program = ("ssd_target_plain_rest", self.plain_rest) if rest else ("ssd_target_plain", self.plain)
+        call: (state, emitted, appended, done, cur, chosen)."""
+        # The chunk is in the name: the programs' key holds the plan, not the partial's arguments.
+        name, program = (("ssd_target_plain_rest", self.plain_rest) if rest
+                         else (f"ssd_target_plain_{self.plain_chunk}", self.plain))
         return self.run(name, program, self.tgroup, self.tparams, state, cur, np.int32(step), donate=(1,))
 
-    def finish_plain(self, cur: np.ndarray) -> None:
-        """Decodes the rest of the call plainly: chunk by chunk when streaming (streamed per
-        chunk), else in one program. Each run that did not compile times plain decoding's step
-        for the next calls (`ssd_auto.observe_plain_run`)."""
-        self.switched_at = self.tally.steps
-        step = self.step
+    def plain_stretch(self, cur: np.ndarray) -> bool:
+        """Decodes plainly from the root cur (the switch found SSD slower): chunk by chunk while SSD
+        may resume (`resumable`), the draft reading each chunk (`ssd_steps.draft_read`), until the
+        reads predict that SSD pays again (`ssd_auto.ReadAcceptance`); then the fallback drafts
+        the next speculation and True is returned. Otherwise to the end of the call (False): in
+        one program where nothing is read or streamed. Each run that did not compile times plain
+        decoding's step for the next calls (`ssd_auto.observe_plain_run`)."""
+        if self.switched_at is None:
+            self.switched_at = self.tally.steps
+        step, root, length = self.step, np.asarray(cur), self.plan.num_draft_tokens
+        reads = ssd_auto.ReadAcceptance.empty(self.rows.size)
+        reading = True
         while not self.done.all():
+            reading = reading and self.resumable()
             start, compile_start = time.perf_counter(), self.run.compile_s
-            self.tstate, emitted, appended, done, cur = self.run_plain(self.tstate, cur, step,
-                                                                       rest=self.stream is None)
+            self.tstate, emitted, appended, done, cur, chosen = self.run_plain(
+                self.tstate, cur, step, rest=self.stream is None and not reading)
             appended = np.asarray(appended)
             if self.plain_key is not None and self.run.compile_s == compile_start:
                 ssd_auto.observe_plain_run(self.auto, self.plain_key, time.perf_counter() - start, int(np.max(appended)))
             self.emit(emitted, appended)
+            self.produced += appended
             self.done = np.asarray(done).astype(bool)
-            step += ssd_auto.PLAIN_CHUNK
+            step += self.plain_chunk
+            if not reading or self.done.all():
+                continue
+            self.dstate, agreement = self.run(
+                "ssd_draft_read", self.read, self.dgroup, self.dparams, self.dstate, self.emitted, self.n_adv, root,
+                np.asarray(emitted), np.asarray(chosen), appended.astype(np.int32), donate=(1,))
+            self.emitted, self.n_adv = np.zeros_like(self.emitted), np.zeros_like(self.n_adv)
+            root = np.asarray(cur)
+            reads.add(np.asarray(agreement), appended)
+            pace = reads.resume_pays(~self.done, length, self.switch.window_step_s(), self.switch.plain_step_s)
+            if pace is not None and self.resumable():
+                self.resumes += 1
+                self.step, self.cur = step, root
+                self.switch.resume(pace)
+                self.drafted, self.q = self.draft_fallback(self.cur)
+                self.step_mark = (time.perf_counter(), self.run.compile_s, self.sink_s)
+                return True
+        return False
+
+    def resumable(self) -> bool:
+        """Whether SSD may still resume in this call: fewer than MAX_RESUMES so far, every live row
+        with RESUME_MIN_TOKENS to go, and a step at SSD's recent time able to pay at all
+        (`ssd_auto.may_resume`)."""
+        live = ~self.done
+        return (self.switch is not None and self.resumes < ssd_auto.MAX_RESUMES and live.any()
+                and int(np.min(self.max_new_tokens - self.produced[live])) >= ssd_auto.RESUME_MIN_TOKENS
+                and ssd_auto.may_resume(self.switch.window_step_s(), self.switch.plain_step_s,
+                                        self.plan.num_draft_tokens))
 
     def draft_fallback(self, root: np.ndarray):
         """The fallback's speculation for every row (tokens on the host, q on the draft group)."""
@@ -312,6 +354,7 @@ class _Decode:
         self.emitted = np.where(j < accepted[:, None], padded,
                                 np.where(j == accepted[:, None], next_token[:, None], 0)).astype(np.int32)
         self.emit(self.emitted, packed[:, steps.OUT_APPENDED])
+        self.produced += packed[:, steps.OUT_APPENDED]
         self.n_adv = np.where(~self.done, accepted + 1, 0).astype(np.int32)
         self.done = packed[:, steps.OUT_DONE].astype(bool)
         return accepted, next_token
@@ -359,7 +402,8 @@ class _Decode:
                 self.switch.record(now - mark_s - (self.sink_s - mark_sink_s), accepted + 1, live,
                                    compiled=self.run.compile_s != mark_compile_s)
                 if self.switch.slower_than_plain():
-                    self.finish_plain(next_token)
+                    if self.plain_stretch(next_token):
+                        continue   # SSD resumed, its next speculation drafted by the fallback
                     break
             self.next_speculation(cache, accepted, next_token)
 
@@ -427,6 +471,7 @@ def generate_ssd(
                                      if devices_platform(decode.tgroup.devices) == "cpu" else None))
     if auto:
         extra.update(adaptive=True, planned_draft_len=num_draft_tokens, switched_to_plain_at_step=decode.switched_at,
+                     ssd_resumed=decode.resumes,
                      plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
                      judged_step_s=decode.switch.judged_step_s() if decode.switch is not None else None,
                      judged_pace_tokens=decode.switch.judged_pace() if decode.switch is not None else None,

@@ -2,7 +2,7 @@
 
 Target group: `target_prefill`, `target_verify`, `target_plain`. Draft group: `draft_prefill`, `draft_build`
 (the speculation cache), `fallback_model` / `fallback_ngram` (a next speculation on a miss),
-`select_q`. The host loop in `ssd_jax.ssd.host_loop` dispatches them asynchronously.
+`select_q`, `draft_read` (the draft catching up on a stretch decoded plainly). The host loop in `ssd_jax.ssd.host_loop` dispatches them asynchronously.
 
 Invariants at the top of step s, per row (P = target cache length):
 - target cache: every emitted token but the last, `cur` (at position P);
@@ -37,7 +37,7 @@ from ssd_jax.metrics import SpecCounters
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache, commit
 from ssd_jax.models.transformer import forward_cached
-from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.sampling import SamplingParams, argmax_first, probabilities
 
 # The verifier at temperature 0 and above (tests swap in a broken one to show their power).
 VERIFIERS = {"greedy": verify.greedy, "sampling": verify.tokenwise}
@@ -117,36 +117,43 @@ def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, s
 def target_plain(tparams, state, cur, step, *, tcfg: ModelConfig, sampling: SamplingParams, capacity: int,
                  chunk: int):
     """Up to `chunk` plain decoding steps (the target alone), stopping early once every row is
-    done: SSD under draft_len="auto" finishes a call this way when it measures slower than plain
-    decoding. cur int32 [B] as in `target_verify`; step int32 []: the first plain step's index
-    (keys fold_in(fold_in(r, step + i), 4), a stream no speculative step uses).
+    done: SSD under draft_len="auto" decodes a call's stretches this way where it measures slower
+    than plain decoding. cur int32 [B] as in `target_verify`; step int32 []: the first plain
+    step's index (keys fold_in(fold_in(r, step + i), 4), a stream no speculative step uses).
     Returns (state, emitted int32 [B, chunk] (row b's first appended[b] are new), appended int32
-    [B], done bool [B], cur int32 [B])."""
+    [B], done bool [B], cur int32 [B], chosen float32 [B, chunk]: the target's probability of each
+    emitted token (1 where decisions are argmaxes), which `draft_read` prices the draft against)."""
     b = cur.shape[0]
 
     def body(carry):
-        i, state, cur, emitted, appended = carry
+        i, state, cur, emitted, chosen, appended = carry
         cache: KVCache = state["cache"]
         outputs: Outputs = state["outputs"]
         active = ~outputs.done
         logits, cache = forward_cached(tparams, tcfg, cur[:, None], cache.lengths[:, None], cache)
         token = draw_rows(sampling, _fold(state["keys"], step + i, 4, sampling=sampling), logits[:, 0],
                           cache.lengths + 1)
+        if sampling.by_argmax:
+            p_token = jnp.ones((b,), jnp.float32)
+        else:
+            p_token = jnp.take_along_axis(probabilities(logits[:, 0], sampling), token[:, None], axis=1)[:, 0]
         cache = commit(cache, active.astype(jnp.int32))
         outputs, n = append(outputs, token[:, None], jnp.ones((b,), jnp.int32), state["max_new"], state["eos"])
         outputs = stop_rows(outputs, cache.lengths + 1 > capacity)
         slots = jnp.where(n > 0, appended, chunk)
         emitted = emitted.at[jnp.arange(b), slots].set(token, mode="drop")
+        chosen = chosen.at[jnp.arange(b), slots].set(p_token, mode="drop")
         state = dict(state, cache=cache, outputs=outputs, counters=state["counters"].record_ar_step(active))
-        return i + 1, state, jnp.where(active, token, cur), emitted, appended + n
+        return i + 1, state, jnp.where(active, token, cur), emitted, chosen, appended + n
 
     def more(carry):
         return (carry[0] < chunk) & ~jnp.all(carry[1]["outputs"].done)
 
     zeros = jnp.zeros((b,), jnp.int32)
-    _, state, cur, emitted, appended = jax.lax.while_loop(
-        more, body, (jnp.zeros((), jnp.int32), state, cur, jnp.zeros((b, chunk), jnp.int32), zeros))
-    return state, emitted, appended, state["outputs"].done, cur
+    _, state, cur, emitted, chosen, appended = jax.lax.while_loop(
+        more, body, (jnp.zeros((), jnp.int32), state, cur, jnp.zeros((b, chunk), jnp.int32),
+                     jnp.zeros((b, chunk), jnp.float32), zeros))
+    return state, emitted, appended, state["outputs"].done, cur, chosen
 
 
 # ---------------------------------------------------------------------------------- draft group
@@ -168,6 +175,38 @@ def _catch_up(state, emitted, n_adv):
     cache = commit(state["cache"], n_adv)
     context, context_len = append_tokens(state["context"], state["context_len"], emitted, n_adv)
     return cache, context, context_len
+
+
+def draft_read(dparams, state, emitted, n_adv, root, plain, chosen, count, *, dcfg: ModelConfig,
+               sampling: SamplingParams, target_vocab: int):
+    """The draft reads a stretch the target decoded plainly (`target_plain`), so that SSD can
+    resume after it, and says how well it would have drafted it.
+
+    emitted int32 [B, L+1], n_adv int32 [B]: the pending catch-up (module docstring); root int32
+    [B]: the root before the stretch; plain int32 [B, C]: the stretch (row b's first count[b]
+    tokens), chosen float32 [B, C]: the target's probability of each. One draft forward over
+    [root, plain[:, :C-1]] writes and commits root and the stretch but its last token, which
+    becomes the new root (no catch-up is then pending: emitted and n_adv are zeros).
+    Returns (state, agreement float32 [B, C]): per token, the probability that the draft's
+    speculation there would have been accepted, given the text before it: where decisions are
+    argmaxes, whether the draft's decision is the token; else min(1, q(x) / p(x)), whose mean over
+    tokens drawn from p is the draft's acceptance sum_x min(p, q) (0 past count)."""
+    b, width = plain.shape
+    cache, context, context_len = _catch_up(state, emitted, n_adv)
+    block = jnp.concatenate([root[:, None], plain[:, :-1]], axis=1)
+    positions = cache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :]
+    logits, cache = forward_cached(dparams, dcfg, block, positions, cache)
+    aligned = align_logits(logits, target_vocab)
+    if sampling.by_argmax:
+        decided = argmax_first(decision_logits(aligned, state["keys"], positions + 1, sampling))
+        agreement = (decided == plain).astype(jnp.float32)
+    else:
+        q = jnp.take_along_axis(probabilities(aligned, sampling), plain[:, :, None], axis=-1)[..., 0]
+        agreement = jnp.minimum(1.0, q / jnp.maximum(chosen, 1e-30))
+    counted = jnp.arange(width)[None, :] < count[:, None]
+    cache = commit(cache, count)
+    context, context_len = append_tokens(context, context_len, plain, count)
+    return dict(state, cache=cache, context=context, context_len=context_len), jnp.where(counted, agreement, 0.0)
 
 
 def _repeat_rows(cache: KVCache, times: int, lengths: jax.Array) -> KVCache:
