@@ -172,8 +172,38 @@ def _unstacked(params: dict) -> bool:
     return isinstance(params["layers"], (tuple, list))
 
 
-def forward_full(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Array:
-    """Reference causal forward with no cache: int32 [B, T] -> float32 logits [B, T, V]."""
+def check_feature_layers(config: ModelConfig, feature_layers: tuple[int, ...]) -> tuple[int, ...]:
+    """The layer indices whose outputs a forward returns as features, as a tuple; ValueError for
+    one outside 0..num_layers-1 (callers that take them from users check first, naming the value)."""
+    feature_layers = tuple(int(i) for i in feature_layers)
+    bad = [i for i in feature_layers if not 0 <= i < config.num_layers]
+    if bad:
+        raise ValueError(f"feature layers {bad} outside 0..{config.num_layers - 1}")
+    return feature_layers
+
+
+def _run_layers(params: dict, config: ModelConfig, x: jax.Array, layer, feature_layers: tuple[int, ...]):
+    """x through every layer (layer(x, lp, i) -> x): (x, features [B, T, K, D] of the K
+    feature_layers' outputs, or None where none are asked for)."""
+    if _unstacked(params):
+        outputs = []
+        for i, lp in enumerate(params["layers"]):
+            x = layer(x, lp, i)
+            outputs.append(x)
+        kept = [outputs[i] for i in feature_layers]
+    else:
+        layer_ids = jnp.arange(config.num_layers)
+        x, every = jax.lax.scan(lambda x, inp: (lambda y: (y, y if feature_layers else None))(layer(x, *inp)),
+                                x, (params["layers"], layer_ids))
+        kept = [every[i] for i in feature_layers]
+    return x, (jnp.stack(kept, axis=2) if feature_layers else None)
+
+
+def forward_full(params: dict, config: ModelConfig, tokens: jax.Array, feature_layers: tuple[int, ...] = ()):
+    """Reference causal forward with no cache: int32 [B, T] -> float32 logits [B, T, V]; with
+    feature_layers (layer indices), (logits, features [B, T, K, D]): the residual stream after
+    each of those layers, in the params' dtype (what a feature-level draft head reads)."""
+    feature_layers = check_feature_layers(config, feature_layers)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     idx = jnp.arange(t)
@@ -184,16 +214,11 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array) -> jax.Ar
         q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions, i)
         mask = mask_for_layer(config, masks, i)
         attn = _attend(config, q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
-        return _layer_output(config, lp, x, attn), None
+        return _layer_output(config, lp, x, attn)
 
-    x = embed(params, config, tokens, positions)
-    if _unstacked(params):
-        for i, lp in enumerate(params["layers"]):
-            x, _ = layer(x, lp, i)
-    else:
-        layer_ids = jnp.arange(config.num_layers)
-        x, _ = jax.lax.scan(lambda x, inp: layer(x, *inp), x, (params["layers"], layer_ids))
-    return lm_head(params, config, x)
+    x, features = _run_layers(params, config, embed(params, config, tokens, positions), layer, feature_layers)
+    logits = lm_head(params, config, x)
+    return (logits, features) if feature_layers else logits
 
 
 def cache_attention_mask(
@@ -233,7 +258,8 @@ def forward_cached(
     logit_indices: jax.Array | None = None,
     prefill_attention: str = "reference",
     decode_attention: str | None = None,
-) -> tuple[jax.Array, KVCache]:
+    feature_layers: tuple[int, ...] = (),
+):
     """Forward over T new tokens per row through the cache.
 
     tokens, positions: int32 [B, T]; new K/V go to slots cache.lengths + 0..T-1 (lengths are not
@@ -255,7 +281,12 @@ def forward_cached(
     Stacked params with a stacked cache run the layers under `lax.scan`; per-layer params
     (`unstack_layers`) or a per-layer cache run them as an unrolled loop. The cache comes back in
     the layout it came in.
+
+    feature_layers: layer indices whose outputs (the residual stream after the layer) are also
+    returned, as (logits, cache, features [B, T, K, D] in the params' dtype, all T tokens whatever
+    logit_indices selects): what a feature-level draft head reads.
     """
+    feature_layers = check_feature_layers(config, feature_layers)
     b, t = tokens.shape
     plain = config.attn_logit_softcap is None  # the fused kernels take a scale but no soft-cap
     fused = prefill_attention != "reference" and plain and len(set(config.layer_windows)) == 1
@@ -305,29 +336,36 @@ def forward_cached(
         return _layer_output(config, lp, x, attn), k_buf, v_buf
 
     x = embed(params, config, tokens, positions)
+    outputs = []   # each layer's output where features are asked for
     if cache.per_layer or _unstacked(params):
         layers = unstack_layers(params)["layers"]
         if cache.per_layer:
             k_list, v_list = list(cache.k), list(cache.v)
             for i, lp in enumerate(layers):
                 x, k_list[i], v_list[i] = attention(lp, x, k_list[i], v_list[i], layer=i)
+                outputs.append(x)
             k_all, v_all = tuple(k_list), tuple(v_list)
         else:
             k_all, v_all = cache.k, cache.v
             for i, lp in enumerate(layers):
                 x, k_all, v_all = attention(lp, x, k_all, v_all, i)
+                outputs.append(x)
+        features = jnp.stack([outputs[i] for i in feature_layers], axis=2) if feature_layers else None
     else:
         def layer(carry, layer_in):
             lp, i = layer_in
-            return attention(lp, *carry, i), None
+            carry = attention(lp, *carry, i)
+            return carry, (carry[0] if feature_layers else None)
 
         layer_ids = jnp.arange(config.num_layers)
-        (x, k_all, v_all), _ = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
+        (x, k_all, v_all), every = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
+        features = jnp.stack([every[i] for i in feature_layers], axis=2) if feature_layers else None
     if logit_indices is not None:
         x = jnp.take_along_axis(x, logit_indices[:, :, None].astype(jnp.int32), axis=1)
-    return lm_head(params, config, x), cache.replace(k=k_all, v=v_all)
+    logits, cache = lm_head(params, config, x), cache.replace(k=k_all, v=v_all)
+    return (logits, cache, features) if feature_layers else (logits, cache)
 
 
-decode_step = jax.jit(forward_cached, static_argnames=("config",), donate_argnames=("cache",))
+decode_step = jax.jit(forward_cached, static_argnames=("config", "feature_layers"), donate_argnames=("cache",))
 decode_step.__doc__ = """`forward_cached` jitted with the cache donated (updated in place): for user-written loops.
 Call with keywords: decode_step(params, config=..., tokens=..., positions=..., cache=..., tree_mask=None)."""
