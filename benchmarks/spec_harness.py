@@ -90,11 +90,12 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
     return result
 
 
-# SSD "auto" calls that ran SSD also say where they switched to plain decoding, the plain step
+# SSD "auto" calls that ran SSD also say where they first switched to plain decoding, how often
+# they resumed SSD after a plain stretch, the plain step
 # they were judged against (`ssd_auto.plain_step_seconds`), their judged steps' seconds and
 # pace, and the pace over all their SSD steps: a process whose plain step read high kept
 # speculating where SSD lost (batch 4).
-SSD_TRACE_STATS = ("switched_to_plain_at_step", "plain_step_s", "judged_step_s", "judged_pace_tokens",
+SSD_TRACE_STATS = ("switched_to_plain_at_step", "ssd_resumed", "plain_step_s", "judged_step_s", "judged_pace_tokens",
                    "call_pace_tokens")
 
 

@@ -22,7 +22,7 @@ pair's remembered acceptance instead, `PlainSwitch.cost_ratio`), the loop finish
 `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps, after each of which the
 draft reads the chunk (`ssd_steps.draft_read`: it catches up, and says how often its speculation
 would have been accepted there); where that acceptance predicts SSD a token RESUME_MARGIN cheaper
-than plain decoding at SSD's recent step time (`ReadAcceptance.resume_pays`), SSD resumes, at
+than plain decoding at the call's mean SSD step time (`ReadAcceptance.resume_pays`), SSD resumes, at
 most MAX_RESUMES times a call. Early steps are judged before a text turns predictable (1/5
 cost regime, prose: SSD "auto" at 0.70 of fixed L=4 with a final switch). Where even a step
 accepting every draft token could not pay, or too few tokens are left, the rest of the call runs
@@ -293,10 +293,6 @@ class PlainSwitch:
         return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
 
 
-    def window_step_s(self) -> float | None:
-        """SSD's decayed seconds per step over the judged window (None: no judged step)."""
-        return self.seconds / self.weight if self.steps else None
-
     def resume(self, predicted_pace: float) -> None:
         """SSD resumes after a plain stretch (`ReadAcceptance.resume_pays`): the window starts
         again, its pace weighed against predicted_pace (what the draft's reading of the stretch
@@ -340,8 +336,11 @@ class ReadAcceptance:
         return expected_tokens(acceptance, draft_len)
 
     def resume_pays(self, live, draft_len: int, step_s: float | None, plain_step_s: float) -> float | None:
-        """The predicted pace where SSD, at its window's seconds per step (step_s), would decode a
-        token RESUME_MARGIN cheaper than plain decoding at that pace; else None."""
+        """The predicted pace where SSD, at step_s seconds a step (the mean of the call's judged
+        steps, `PlainSwitch.judged_step_s`), would decode a token RESUME_MARGIN cheaper than plain
+        decoding at that pace; else None. Not the window's seconds: the window that switched is
+        by its choice a slow one (at T=1, where a miss drafts on the critical path, windows of
+        the same call read 22-42 ms a step at 1/20 of a target step)."""
         pace = self.pace(live, draft_len)
         if pace is None or step_s is None:
             return None
@@ -349,9 +348,9 @@ class ReadAcceptance:
 
 
 def may_resume(step_s: float | None, plain_step_s: float, draft_len: int) -> bool:
-    """Whether SSD could pay again at all: at its window's seconds per step, a step accepting
-    every draft token (L + 1 tokens) beats plain decoding by RESUME_MARGIN. Where it cannot, the
-    call's plain stretch is not read (`ssd_steps.draft_read`)."""
+    """Whether SSD could pay again at all: at step_s seconds a step (the call's judged steps'
+    mean), a step accepting every draft token (L + 1 tokens) beats plain decoding by
+    RESUME_MARGIN. Where it cannot, the call's plain stretch is not read (`ssd_steps.draft_read`)."""
     return step_s is not None and step_s / (plain_step_s * (draft_len + 1)) < 1.0 - RESUME_MARGIN
 
 

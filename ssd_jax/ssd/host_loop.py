@@ -279,7 +279,7 @@ class _Decode:
             self.emitted, self.n_adv = np.zeros_like(self.emitted), np.zeros_like(self.n_adv)
             root = np.asarray(cur)
             reads.add(np.asarray(agreement), appended)
-            pace = reads.resume_pays(~self.done, length, self.switch.window_step_s(), self.switch.plain_step_s)
+            pace = reads.resume_pays(~self.done, length, self.switch.judged_step_s(), self.switch.plain_step_s)
             if pace is not None and self.resumable():
                 self.resumes += 1
                 self.step, self.cur = step, root
@@ -291,12 +291,12 @@ class _Decode:
 
     def resumable(self) -> bool:
         """Whether SSD may still resume in this call: fewer than MAX_RESUMES so far, every live row
-        with RESUME_MIN_TOKENS to go, and a step at SSD's recent time able to pay at all
-        (`ssd_auto.may_resume`)."""
+        with RESUME_MIN_TOKENS to go, and a step at the time of the call's judged SSD steps able to
+        pay at all (`ssd_auto.may_resume`)."""
         live = ~self.done
         return (self.switch is not None and self.resumes < ssd_auto.MAX_RESUMES and live.any()
                 and int(np.min(self.max_new_tokens - self.produced[live])) >= ssd_auto.RESUME_MIN_TOKENS
-                and ssd_auto.may_resume(self.switch.window_step_s(), self.switch.plain_step_s,
+                and ssd_auto.may_resume(self.switch.judged_step_s(), self.switch.plain_step_s,
                                         self.plan.num_draft_tokens))
 
     def draft_fallback(self, root: np.ndarray):
