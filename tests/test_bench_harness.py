@@ -125,23 +125,23 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
     assert "per_call_trace" not in ar
     trace = auto["per_call_trace"]
     assert len(trace) == 1 + 2 * 2
-    assert all(set(c) == {"length", "wall_s", "compile_s", "target_calls", "tokens"} for c in trace)
+    assert all(set(c) == {"length", "wall_s", "compile_s", "calibration_s", "target_calls", "tokens"} for c in trace)
     assert all(c["tokens"] == 8 and c["target_calls"] >= 1 and c["wall_s"] > 0 for c in trace)
     assert sum(c["wall_s"] for c in trace[1:]) == pytest.approx(sum(auto["round_wall_s"]))
     assert spec_harness.call_trace(dict(planned_draft_len=4, chosen_paths=2, wall_time_s=0.5, target_calls=3,
                                         num_generated_tokens=8)) == dict(
-        length=4, paths=2, wall_s=0.5, compile_s=0.0, target_calls=3, tokens=8)
+        length=4, paths=2, wall_s=0.5, compile_s=0.0, calibration_s=0.0, target_calls=3, tokens=8)
     # A multi-path call that ran AR's program has no path count (chosen_paths None).
     assert spec_harness.call_trace(dict(planned_draft_len=0, chosen_paths=None, wall_time_s=0.5, target_calls=8,
                                         num_generated_tokens=8)) == dict(
-        length=0, wall_s=0.5, compile_s=0.0, target_calls=8, tokens=8)
+        length=0, wall_s=0.5, compile_s=0.0, calibration_s=0.0, target_calls=8, tokens=8)
     # SSD's call: where it switched (None: it did not), the plain step it was judged against.
-    ssd = dict(method="ssd", adaptive=True, planned_draft_len=4, switched_to_plain_at_step=None, plain_step_s=0.005,
-               judged_step_s=0.015, judged_pace_tokens=3.5, call_pace_tokens=3.0, wall_time_s=0.5, target_calls=40,
-               num_generated_tokens=128)
-    assert spec_harness.call_trace(ssd) == dict(length=4, wall_s=0.5, compile_s=0.0, target_calls=40, tokens=128,
-                                                plain_step_s=0.005, judged_step_s=0.015, judged_pace_tokens=3.5,
-                                                call_pace_tokens=3.0)
+    ssd = dict(method="ssd", adaptive=True, planned_draft_len=4, switched_to_plain_at_step=None, ssd_resumed=0,
+               plain_step_s=0.005, judged_step_s=0.015, judged_pace_tokens=3.5, call_pace_tokens=3.0, wall_time_s=0.5,
+               target_calls=40, num_generated_tokens=128, calibration_time_s=0.25)
+    assert spec_harness.call_trace(ssd) == dict(length=4, wall_s=0.5, compile_s=0.0, calibration_s=0.25, target_calls=40,
+                                                tokens=128, ssd_resumed=0.0, plain_step_s=0.005, judged_step_s=0.015,
+                                                judged_pace_tokens=3.5, call_pace_tokens=3.0)
     assert spec_harness.call_trace(dict(ssd, switched_to_plain_at_step=14))["switched_to_plain_at_step"] == 14
 
 
