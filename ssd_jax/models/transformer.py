@@ -182,6 +182,12 @@ def check_feature_layers(config: ModelConfig, feature_layers: tuple[int, ...]) -
     return feature_layers
 
 
+def _stacked_features(outputs, feature_layers: tuple[int, ...]):
+    """The feature_layers' entries of outputs (a list of [B, T, D] per layer, or one stacked
+    [L, B, T, D] array) as [B, T, K, D]; None where no features are asked for."""
+    return jnp.stack([outputs[i] for i in feature_layers], axis=2) if feature_layers else None
+
+
 def _run_layers(params: dict, config: ModelConfig, x: jax.Array, layer, feature_layers: tuple[int, ...]):
     """x through every layer (layer(x, lp, i) -> x): (x, features [B, T, K, D] of the K
     feature_layers' outputs, or None where none are asked for)."""
@@ -190,13 +196,11 @@ def _run_layers(params: dict, config: ModelConfig, x: jax.Array, layer, feature_
         for i, lp in enumerate(params["layers"]):
             x = layer(x, lp, i)
             outputs.append(x)
-        kept = [outputs[i] for i in feature_layers]
     else:
         layer_ids = jnp.arange(config.num_layers)
-        x, every = jax.lax.scan(lambda x, inp: (lambda y: (y, y if feature_layers else None))(layer(x, *inp)),
-                                x, (params["layers"], layer_ids))
-        kept = [every[i] for i in feature_layers]
-    return x, (jnp.stack(kept, axis=2) if feature_layers else None)
+        x, outputs = jax.lax.scan(lambda x, inp: (lambda y: (y, y if feature_layers else None))(layer(x, *inp)),
+                                  x, (params["layers"], layer_ids))
+    return x, _stacked_features(outputs, feature_layers)
 
 
 def forward_full(params: dict, config: ModelConfig, tokens: jax.Array, feature_layers: tuple[int, ...] = ()):
@@ -350,7 +354,6 @@ def forward_cached(
             for i, lp in enumerate(layers):
                 x, k_all, v_all = attention(lp, x, k_all, v_all, i)
                 outputs.append(x)
-        features = jnp.stack([outputs[i] for i in feature_layers], axis=2) if feature_layers else None
     else:
         def layer(carry, layer_in):
             lp, i = layer_in
@@ -358,8 +361,8 @@ def forward_cached(
             return carry, (carry[0] if feature_layers else None)
 
         layer_ids = jnp.arange(config.num_layers)
-        (x, k_all, v_all), every = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
-        features = jnp.stack([every[i] for i in feature_layers], axis=2) if feature_layers else None
+        (x, k_all, v_all), outputs = jax.lax.scan(layer, (x, cache.k, cache.v), (params["layers"], layer_ids))
+    features = _stacked_features(outputs, feature_layers)
     if logit_indices is not None:
         x = jnp.take_along_axis(x, logit_indices[:, :, None].astype(jnp.int32), axis=1)
     logits, cache = lm_head(params, config, x), cache.replace(k=k_all, v=v_all)

@@ -292,7 +292,6 @@ class PlainSwitch:
             pace = (self.steps * pace + PRIOR_STEPS * self.prior_pace) / (self.steps + PRIOR_STEPS)
         return (self.seconds / self.weight) / (self.plain_step_s * pace) if pace > 0 else 1.0
 
-
     def resume(self, predicted_pace: float) -> None:
         """SSD resumes after a plain stretch (`ReadAcceptance.resume_pays`): the window starts
         again, its pace weighed against predicted_pace (what the draft's reading of the stretch

@@ -137,7 +137,7 @@ class _Decode:
         plain = functools.partial(steps.target_plain, tcfg=tcfg, sampling=sampling, capacity=plan.capacity)
         self.plain_chunk = ssd_auto.PLAIN_CHUNK
         self.plain = functools.partial(plain, chunk=self.plain_chunk)
-        self.plain_rest = functools.partial(plain, chunk=plan.out_size)
+        self.plain_rest = functools.partial(plain, chunk=plan.out_size, keep_law=False)   # no draft reads it
         self.read = functools.partial(steps.draft_read, dcfg=dcfg, sampling=sampling, target_vocab=vocab)
         self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
         self.resumes = 0   # plain stretches after which SSD resumed (`plain_stretch`)

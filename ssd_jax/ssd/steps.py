@@ -115,14 +115,15 @@ def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, s
 
 
 def target_plain(tparams, state, cur, step, *, tcfg: ModelConfig, sampling: SamplingParams, capacity: int,
-                 chunk: int):
+                 chunk: int, keep_law: bool = True):
     """Up to `chunk` plain decoding steps (the target alone), stopping early once every row is
     done: SSD under draft_len="auto" decodes a call's stretches this way where it measures slower
     than plain decoding. cur int32 [B] as in `target_verify`; step int32 []: the first plain
     step's index (keys fold_in(fold_in(r, step + i), 4), a stream no speculative step uses).
     Returns (state, emitted int32 [B, chunk] (row b's first appended[b] are new), appended int32
     [B], done bool [B], cur int32 [B], chosen float32 [B, chunk]: the target's probability of each
-    emitted token (1 where decisions are argmaxes), which `draft_read` prices the draft against)."""
+    emitted token (1 where decisions are argmaxes, or keep_law is False: no draft reads the
+    chunk), which `draft_read` prices the draft against)."""
     b = cur.shape[0]
 
     def body(carry):
@@ -133,7 +134,7 @@ def target_plain(tparams, state, cur, step, *, tcfg: ModelConfig, sampling: Samp
         logits, cache = forward_cached(tparams, tcfg, cur[:, None], cache.lengths[:, None], cache)
         token = draw_rows(sampling, _fold(state["keys"], step + i, 4, sampling=sampling), logits[:, 0],
                           cache.lengths + 1)
-        if sampling.by_argmax:
+        if sampling.by_argmax or not keep_law:
             p_token = jnp.ones((b,), jnp.float32)
         else:
             p_token = jnp.take_along_axis(probabilities(logits[:, 0], sampling), token[:, None], axis=1)[:, 0]

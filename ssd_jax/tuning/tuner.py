@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from ssd_jax.errors import InputError
+from ssd_jax.runtime.progress import notice
 from ssd_jax.tuning.cost_model import PRIOR_ACCEPTANCE
 from ssd_jax.tuning.memory import AcceptanceMemory, Recent
 from ssd_jax.tuning.per_call import PerCallMemory
@@ -134,8 +135,6 @@ class Tuner:
         """Around a measurement that is kept per machine (a calibration: `calibration_store`):
         shows `text` as a notice and adds its seconds to this thread's `calibration_seconds`,
         once where calibrations nest."""
-        from ssd_jax.runtime.progress import notice
-
         clock = self._calibration_clock
         depth = getattr(clock, "depth", 0)
         clock.depth = depth + 1
