@@ -20,7 +20,7 @@ import ssd_jax
 _LABEL_PARTS = (("num_draft_tokens", "L"), ("max_draft_tokens", "L"), ("num_paths", "K"), ("logitspec_topk", "k"), ("tree_capacity", "N"),
                 ("lenience", "l"), ("k_matrix", "km"), ("fanout_budget", "F"), ("coupling", ""))
 # Options of a configuration that are `generate` arguments, not method fields.
-CALL_OPTIONS = ("drafts", "coupling")
+CALL_OPTIONS = ("drafts", "coupling", "head")
 
 
 def label(method: str, options: dict) -> str:
@@ -167,6 +167,8 @@ def generate_kwargs(method: str, options: dict, draft, new_tokens: int, temperat
         kwargs["tuner"] = tuner
     if "drafts" in options:
         kwargs["draft"] = tuple(options["drafts"])
+    elif "head" in options:   # EAGLE's feature-level head
+        kwargs["draft"] = options["head"]
     elif method not in ("ar", "pld", "logitspec") and draft is not None:
         kwargs["draft"] = draft
     return kwargs

@@ -14,10 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.eagle.head import EagleHead, check_head_params
 from ssd_jax.loop.decoder import DecodeOutput, decode_arrays, split_cascade
 from ssd_jax.runtime.prompts import row_keys
 from ssd_jax.errors import InputError
-from ssd_jax.methods import CSD, SSD, Method, as_method, for_target
+from ssd_jax.methods import CSD, EAGLE, SSD, Method, as_method, for_target
 from ssd_jax.model import Model
 from ssd_jax.runtime.pairing import check_same_tokenizer
 from ssd_jax.plan import Plan
@@ -57,6 +58,8 @@ def check_models(method: Method, target: Model, draft, sampling: SamplingParams)
             raise InputError(f"method {type(method).__name__} drafts without a model and takes no draft; "
                              f"got draft={type(draft).__name__}")
         return None
+    if isinstance(method, EAGLE) or isinstance(draft, EagleHead):
+        return _checked_head(method, target, draft)
     if draft is None:
         raise InputError(f"method {type(method).__name__} drafts with a model and they need a draft model: "
                          f"pass draft=ssd_jax.load(...)"
@@ -80,6 +83,20 @@ def check_models(method: Method, target: Model, draft, sampling: SamplingParams)
     return draft
 
 
+def _checked_head(method: Method, target: Model, head):
+    """The head of an EAGLE call, checked against the target; InputError for a head passed to
+    another method, or a draft model (or anything else) passed to EAGLE."""
+    if not isinstance(method, EAGLE):
+        raise InputError(f"draft is a feature-level head (EagleHead), which only method EAGLE takes; method "
+                         f"{type(method).__name__} takes a draft model (ssd_jax.load(...))")
+    if not isinstance(head, EagleHead):
+        raise InputError(f"method EAGLE takes a feature-level head as draft= (ssd_jax.eagle.load_head(...) or "
+                         f"ssd_jax.default_eagle_head()), got {type(head).__name__}")
+    head.check_target(target)
+    check_head_params(head, target.config)
+    return head
+
+
 def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
     """Positions past prompt + max_new_tokens a method's models may see (for position checks)."""
     from ssd_jax.draft.tree_layout import logitspec_layout
@@ -98,6 +115,8 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
         return schedule.width + schedule.max_pending + 1
     if name == "ssd":
         return 2 * method.max_len + 2
+    if name == "eagle":
+        return method.draft_len + 1
     return method.max_len
 
 

@@ -14,6 +14,7 @@ ASSETS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets", 
 TARGET_DIR = os.path.join(ASSETS_DIR, "target")
 DRAFT_DIR = os.path.join(ASSETS_DIR, "draft")
 DRAFT_SMALL_DIR = os.path.join(ASSETS_DIR, "draft_small")
+EAGLE_HEAD_DIR = os.path.join(ASSETS_DIR, "eagle_head")
 
 # The draft `default_models()` pairs with the target: draft_small accepts nearly as much as the
 # wider draft at a fraction of its forward's cost, so SD runs faster with it
@@ -72,3 +73,16 @@ def shipped_draft(name: str = DEFAULT_DRAFT, dtype: str | None = None, *, mesh=N
 def default_small_draft(dtype: str | None = None) -> Model:
     """Loads the shipped draft_small (same as `shipped_draft("draft_small", dtype)`)."""
     return shipped_draft("draft_small", dtype)
+
+
+def default_eagle_head(dtype: str | None = None):
+    """The shipped feature-level draft head (`ssd_jax.eagle.EagleHead`) of the embedded target,
+    trained by `python -m ssd_jax.train.default_head` (docs/models.md); use it with
+    `method=ssd_jax.EAGLE()`. dtype: as `default_models` (None: the backend policy's)."""
+    from ssd_jax.backend import policy_for
+    from ssd_jax.eagle.checkpoint import load_head
+
+    if not os.path.exists(os.path.join(EAGLE_HEAD_DIR, "head_config.json")):
+        raise CheckpointError(f"embedded head missing at {EAGLE_HEAD_DIR}; rebuild with "
+                              f"`python -m ssd_jax.train.default_head`")
+    return load_head(EAGLE_HEAD_DIR, dtype=dtype or policy_for(None).dtype)

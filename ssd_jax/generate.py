@@ -241,6 +241,8 @@ def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> di
         return stats
     if name == "ar":
         return {}
+    if name == "eagle":
+        return dict(num_draft_tokens_per_step=method.nodes - 1, tree_nodes=method.nodes, tree_depth=method.draft_len)
     return dict(num_draft_tokens_per_step=method.draft_len, num_paths=method.paths)
 
 

@@ -2,7 +2,8 @@
 
 `AR()`, `SD(draft_len)`, `BV(draft_len)`, `SpecInfer / SpecTr / GBV(draft_len, paths)`,
 `PLD(draft_len, min_ngram, max_ngram)`, `LogitSpec(draft_len, topk, tree_size, max_ngram)`,
-`CSD(k_matrix, lenience, max_ngram, max_draft_tokens)`, `SSD(draft_len, fanout_budget, ...)`.
+`CSD(k_matrix, lenience, max_ngram, max_draft_tokens)`, `EAGLE(draft_len, topk, tree_size)`,
+`SSD(draft_len, fanout_budget, ...)`.
 Being hashable, a method is a static argument of `jax.jit`; it holds no arrays (drafters are
 models passed as `draft=`). Every field is checked in `__post_init__` by the rule named in the
 class's `RULES` (an `InputError` names the field and the value) and normalised (NumPy integers
@@ -53,6 +54,11 @@ DEFAULTS: dict[str, dict] = {
     # on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=AUTO),
+    # A feature-level head: draft_len deep; topk nodes per depth of the greedy tree (EAGLE-2) and
+    # i.i.d. paths at T > 0; tree_size nodes of the greedy tree verified (None: all drafted,
+    # 1 + draft_len * topk). On CPU a chain (topk 1) ran fastest: a wide verification costs
+    # several tokens' time there (`benchmarks/bench_eagle.py`; docs/benchmarks.md).
+    "eagle": dict(draft_len=6, topk=1, tree_size=None),
     "ssd": dict(draft_len=AUTO, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
 }
@@ -412,8 +418,38 @@ class SSD(_AutoLength):
         return True
 
 
+@dataclasses.dataclass(frozen=True)
+class EAGLE(Method):
+    """A feature-level draft head (`draft=` an `ssd_jax.eagle.EagleHead`), draft_len deep. At
+    T = 0 (and under the Gumbel coupling) an EAGLE-2 tree: the topk best nodes (by cumulative
+    draft probability) per depth while expanding, the tree_size best of those (root included;
+    None: all, 1 + draft_len * topk) verified by the exact point-mass tree walk. At T > 0 topk
+    i.i.d. paths drawn from the head's law, verified by SpecInfer's recursive rejection."""
+
+    name: ClassVar[str] = "eagle"
+    draft_len: int = _d("eagle", "draft_len")
+    topk: int = _d("eagle", "topk")
+    tree_size: int | None = _d("eagle", "tree_size")
+    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=_optional(positive_int))
+
+    def check(self) -> None:
+        most = 1 + self.draft_len * self.topk
+        if self.tree_size is not None and not 2 <= self.tree_size <= most:
+            raise InputError(f"tree_size must be in [2, 1 + draft_len * topk = {most}] (the root and the drafted "
+                             f"nodes), got {self.tree_size}")
+
+    @property
+    def nodes(self) -> int:
+        """The nodes verified, root included."""
+        return self.tree_size if self.tree_size is not None else 1 + self.draft_len * self.topk
+
+    @property
+    def drafts_with_model(self) -> bool:
+        return True
+
+
 METHOD_CLASSES: dict[str, type] = {cls.name: cls for cls in (AR, SD, BV, SpecInfer, SpecTr, GBV, PLD, LogitSpec,
-                                                             CSD, SSD)}
+                                                             CSD, EAGLE, SSD)}
 METHODS = tuple(METHOD_CLASSES)
 SYNCHRONOUS = tuple(name for name in METHODS if name != "ssd")
 

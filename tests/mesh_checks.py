@@ -11,6 +11,7 @@ one device). Prints one JSON line with the findings.
   python tests/mesh_checks.py bad                         # bad meshes, rules and placements
   python tests/mesh_checks.py moe                         # Mixtral experts: default rules, expert parallel
   python tests/mesh_checks.py model_only                  # a mesh with only a "model" axis
+  python tests/mesh_checks.py eagle                       # EAGLE: embedded target on 2x2, the head replicated
   python tests/mesh_checks.py hlo + ssd + bad             # several in one process: {"hlo": ..., ...}
 """
 
@@ -283,6 +284,24 @@ def check_coupling() -> dict:
             for name, d in (("ar", None), ("sd", ds))}
 
 
+def check_eagle() -> dict:
+    """The embedded target sharded over 2x2 with the shipped head (replicated) gives the unsharded
+    tokens: EAGLE at T=0 (AR's) and at T=1 (the unsharded EAGLE call's, same key)."""
+    target, _ = ssd_jax.default_models()
+    head = ssd_jax.default_eagle_head()
+    prompts = [target.tokenizer.encode(t).ids for t in ("def fibonacci(n):", "import os\nclass Foo:", "x = ")]
+    mesh_target = ssd_jax.shard(target, mesh_of("2x2"))
+    results = {}
+    for temperature in (0.0, 1.0):
+        kw = dict(max_new_tokens=16, temperature=temperature, key=jax.random.PRNGKey(3),
+                  method=ssd_jax.EAGLE(draft_len=3, topk=2))
+        reference = ssd_jax.generate(target, prompts, draft=head, **kw).tokens
+        if temperature == 0.0:
+            assert reference == greedy_reference(target, prompts)
+        results[f"eagle@{temperature:g}"] = ssd_jax.generate(mesh_target, prompts, draft=head, **kw).tokens == reference
+    return results
+
+
 def run_check(argv: list[str]) -> dict:
     check = argv[0]
     if check == "meshes":
@@ -290,7 +309,7 @@ def run_check(argv: list[str]) -> dict:
     if check == "embedded":
         return check_embedded(argv[1].split(","), argv[2].split(",") if len(argv) > 2 else ALL_SYNC)
     return dict(hlo=check_hlo, ssd=check_ssd, bad=check_bad, moe=check_moe,
-                model_only=check_model_only, stream=check_stream, coupling=check_coupling)[check]()
+                model_only=check_model_only, stream=check_stream, coupling=check_coupling, eagle=check_eagle)[check]()
 
 
 def main(argv: list[str]) -> dict:

@@ -38,7 +38,7 @@ EMBEDDED_DEFAULT = ("bv", "specinfer", "spectr", "pld")
 def default_checks() -> dict:
     """The default run's checks in one subprocess (jax starts and the embedded pair loads once)."""
     return _checks("meshes", "2x4", "+", "embedded", "2x2", ",".join(EMBEDDED_DEFAULT), "+", "hlo", "+", "ssd",
-                   "+", "bad", "+", "moe", "+", "model_only", "+", "stream", "+", "coupling")
+                   "+", "bad", "+", "moe", "+", "model_only", "+", "stream", "+", "coupling", "+", "eagle")
 
 
 def _assert_meshes(results: dict) -> None:
@@ -50,6 +50,10 @@ def _assert_meshes(results: dict) -> None:
         replicated = kv if result["kv_heads"] % model else 0
         assert result["max_device_bytes"] <= ((total - replicated) / model + replicated) * 1.15, (shape, result)
         assert result["devices"] == int(shape.split("x")[0]) * result["model"]
+
+
+def test_eagle_on_a_2x2_mesh_gives_the_unsharded_tokens(default_checks):
+    assert default_checks["eagle"] == {"eagle@0": True, "eagle@1": True}
 
 
 def test_2x4_mesh_loaded_sharded_gives_the_unsharded_tokens(default_checks):

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
                         help="comma-separated token ids instead of text (repeat for a batch)")
     parser.add_argument("--target", "--model", dest="target", default=None,
                         help="target model directory, HF or converted (default: embedded target)")
-    parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft)")
+    parser.add_argument("--draft", default=None, help="draft model directory (default: embedded draft); with "
+                        "--method eagle, a head directory (default: the embedded head)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                         help="params dtype (default: the backend's: float32 on CPU, bfloat16 on GPU/TPU)")
     parser.add_argument("--method", default=CLI_DEFAULT_METHOD,
@@ -148,6 +149,14 @@ def load_models(args):
     else:
         target_dir, draft_dir = args.target, args.draft
     target = ssd_jax.load(target_dir, dtype=args.dtype)
+    if args.method == "eagle":   # --draft names a head directory (default: the embedded target's head)
+        from ssd_jax.defaults import EAGLE_HEAD_DIR
+        from ssd_jax.eagle import load_head
+
+        if args.draft is None and args.target is not None:
+            raise InputError("--method eagle with --target needs --draft HEAD_DIR (a head trained for that target: "
+                             "ssd-jax train-head)")
+        return target, load_head(args.draft or EAGLE_HEAD_DIR, target=target, dtype=args.dtype)
     uses_draft = args.method not in ("ar", "pld", "logitspec") and not (args.method == "csd" and args.drafts)
     draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and uses_draft else None
     if draft is not None:

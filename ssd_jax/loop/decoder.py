@@ -17,7 +17,7 @@ from ssd_jax.loop.retrieval import retrieval_parts
 from ssd_jax.loop.adaptive_loop import AdaptiveState, begin_adaptive, resume_adaptive, run_adaptive
 from ssd_jax.loop.skeleton import DecodeState, Parts, loop, run, start
 from ssd_jax.loop.speculative import speculative_parts
-from ssd_jax.methods import CSD, AR, LogitSpec, Method, PLD
+from ssd_jax.methods import CSD, EAGLE, AR, LogitSpec, Method, PLD
 from ssd_jax.model import Model
 from ssd_jax.sampling import SamplingParams
 
@@ -53,6 +53,10 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
         return ar_parts(tparams, tcfg, sampling, prompt_width, out_size)
     if isinstance(method, (PLD, LogitSpec)):
         return retrieval_parts(method, tparams, tcfg, sampling, prompt_width, out_size, plan=plan)
+    if isinstance(method, EAGLE):
+        from ssd_jax.loop.eagle import eagle_parts
+
+        return eagle_parts(method, draft, tparams, tcfg, sampling, prompt_width, out_size)
     if isinstance(method, CSD):
         models, maxgram = split_cascade(draft)
         bigram = maxgram.bigram if maxgram is not None else jnp.zeros((1,), jnp.int32)

@@ -152,7 +152,7 @@ class AdaptiveParts(Parts, Protocol):
 
 
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array, capacity: int,
-            placement=None):
+            placement=None, feature_layers: tuple[int, ...] = ()):
     """Runs right-padded prompts through a fresh cache.
 
     tokens int32 [B, T]; lengths int32 [B]. Returns (float32 logits [B, V] at each row's last
@@ -160,6 +160,8 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
     With per-layer params (`decode_params`, `unstack_layers`) the cache is per-layer too.
     placement: the model's `ssd_jax.sharding.Placement` (None: unsharded); its cache sharding
     (batch over "data", KV heads over "model") is pinned on the new cache.
+    feature_layers: also return the features [B, T, K, D] of every prompt position after those
+    layers (`forward_cached`), as (logits, cache, features): what a feature-level head reads.
     """
     from ssd_jax.sharding import constrain_cache
 
@@ -172,9 +174,11 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
     policy = policy_for(params)
     fused = policy.prefill_attention != "reference" and t >= policy.fused_prefill_min_tokens
-    logits, cache = forward_cached(params, config, tokens, positions, cache, logit_indices=(lengths - 1)[:, None],
-                                   prefill_attention=policy.prefill_attention if fused else "reference")
-    return logits[:, 0], cache.replace(lengths=lengths)
+    out = forward_cached(params, config, tokens, positions, cache, logit_indices=(lengths - 1)[:, None],
+                         prefill_attention=policy.prefill_attention if fused else "reference",
+                         feature_layers=feature_layers)
+    logits, cache = out[0][:, 0], out[1].replace(lengths=lengths)
+    return (logits, cache, out[2]) if feature_layers else (logits, cache)
 
 
 def sample_rows(sampling: SamplingParams, keys: jax.Array, logits: jax.Array) -> jax.Array:
@@ -243,12 +247,14 @@ def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, len
     """Prefill, the first token and the loop state on entry (step 1)."""
     b = tokens.shape[0]
     ones = jnp.ones((b,), jnp.int32)
-    logits, tcache = prefill(tparams, tcfg, tokens, lengths, target_capacity(parts, tokens.shape[1], out_size),
-                             placement)
+    feature_layers = getattr(parts, "feature_layers", ())   # a feature-level head's parts read the prompt's
+    logits, tcache, *features = prefill(tparams, tcfg, tokens, lengths,
+                                        target_capacity(parts, tokens.shape[1], out_size), placement, feature_layers)
     first = draw_rows(sampling, step_keys(sampling, keys, 0), logits, lengths)
     outputs, _ = append(Outputs.empty(b, out_size), first[:, None], ones, max_new, eos_ids)
+    inner = parts.init(tokens, lengths, first, logits, *features)
     return DecodeState(tcache=tcache, outputs=outputs, counters=SpecCounters.zeros(b, parts.counter_width),
-                       cur=first, step=jnp.ones((), jnp.int32), inner=parts.init(tokens, lengths, first, logits))
+                       cur=first, step=jnp.ones((), jnp.int32), inner=inner)
 
 
 def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Array, max_new: jax.Array,

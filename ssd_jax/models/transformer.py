@@ -263,6 +263,7 @@ def forward_cached(
     prefill_attention: str = "reference",
     decode_attention: str | None = None,
     feature_layers: tuple[int, ...] = (),
+    inputs_embeds: jax.Array | None = None,
 ):
     """Forward over T new tokens per row through the cache.
 
@@ -289,6 +290,8 @@ def forward_cached(
     feature_layers: layer indices whose outputs (the residual stream after the layer) are also
     returned, as (logits, cache, features [B, T, K, D] in the params' dtype, all T tokens whatever
     logit_indices selects): what a feature-level draft head reads.
+    inputs_embeds: optional [B, T, D], the first layer's input in place of the tokens' embeddings
+    (a feature-level head's fused input, `ssd_jax.eagle`); tokens then give only the shape.
     """
     feature_layers = check_feature_layers(config, feature_layers)
     b, t = tokens.shape
@@ -339,7 +342,7 @@ def forward_cached(
             attn = _attend(config, q, k_cur, v_cur, mask_for_layer(config, masks, layer))
         return _layer_output(config, lp, x, attn), k_buf, v_buf
 
-    x = embed(params, config, tokens, positions)
+    x = embed(params, config, tokens, positions) if inputs_embeds is None else inputs_embeds
     outputs = []   # each layer's output where features are asked for
     if cache.per_layer or _unstacked(params):
         layers = unstack_layers(params)["layers"]

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.eagle.head import EagleHead
 from ssd_jax.loop.decoder import begin_arrays, decode_arrays, resume_arrays, split_cascade
 from ssd_jax.methods import AR, Method
 from ssd_jax.model import Model
@@ -40,9 +41,12 @@ def bare_draft(draft):
 
 
 def colocated(method: Method, target: Model, draft):
-    """The draft (a Model or CSD's tuple) placed to run in one program with a sharded target."""
+    """The draft (a Model, CSD's tuple or an EAGLE head) placed to run in one program with a
+    sharded target."""
     if isinstance(draft, Model):
         return colocate(target, draft, type(method).__name__)
+    if isinstance(draft, EagleHead):   # small: replicated over a sharded target's mesh
+        return replicated(target, draft)
     if isinstance(draft, tuple):
         return tuple(colocate(target, d, type(method).__name__) if isinstance(d, Model)
                      else replicated(target, d) for d in draft)
