@@ -142,6 +142,7 @@ def plot(results: dict, path: str) -> None:
     acceptance = results["tokens_per_call"]["acceptance_by_position"]
     for name, values in acceptance.items():
         left.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    left.set_xticks(range(1, LENGTH + 1))
     left.set_xlabel("position k")
     left.set_ylabel("share of steps accepting >= k tokens")
     left.set_title(f"acceptance by position, L={LENGTH}, T=0 (embedded target)")
