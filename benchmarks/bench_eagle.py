@@ -10,7 +10,8 @@ embedded draft, in one interleaved run per comparison.
 2. tokens/s at defaults on a widened embedded target (`TARGET_WIDENING`, where the head's forward
    costs about 1/100 of a target step; the draft widened to about 1/100 as well, as in
    bench_regimes' 1/100 regime), T=0 and T=1: EAGLE() against SD() (goals: >= 1.2x at T=0,
-   >= 1.1x at T=1), with AR for scale. Both drafters' measured cost ratios are reported.
+   >= 1.1x at T=1), with AR for scale, both at draft_len "auto". Both drafters' measured cost
+   ratios, and the lengths "auto" planned, are reported.
 3. Training compute of both drafters, from their training reports.
 
 Held-out prompts (code, prose, repetition; `bench_regimes.prompt_sets`), all sets in one
@@ -45,16 +46,6 @@ def by_position(row: dict, length: int) -> list[float]:
     row's `acceptance_per_position`, zeros past what it counted)."""
     values = list(row.get("acceptance_per_position") or [])[:length]
     return [float(v) for v in values] + [0.0] * (length - len(values))
-
-
-def head_model(target, head):
-    """The head as a one-layer `Model` (its layer, the target's embedding and LM head): what one
-    head entry costs, for `forward_seconds`."""
-    import ssd_jax
-    from ssd_jax.eagle.forward import head_model_params
-
-    return ssd_jax.Model(config=head.config.layer_config(target.config),
-                         params=head_model_params(head.params, target.params))
 
 
 def run(prompts_per_set: int, new_tokens: int, rounds: int, smoke: bool) -> dict:
@@ -95,7 +86,7 @@ def run(prompts_per_set: int, new_tokens: int, rounds: int, smoke: bool) -> dict
     target_ms = step_ms(tuner, wide, 1)
     wide_draft, widening, draft_ms, measured = calibrated_draft(tuner, draft, target_ms, REGIME, 1,
                                                                 DRAFT_MENU if not smoke else DRAFT_MENU[:2])
-    head_ms = step_ms(tuner, head_model(wide, head), 1)
+    head_ms = step_ms(tuner, head_as_model(wide, head), 1)
     out["widened"] = dict(target_widening=TARGET_WIDENING if not smoke else {}, target_step_ms=target_ms,
                           draft_widening=widening, draft_step_ms=draft_ms, draft_ratio=measured,
                           head_step_ms=head_ms, head_ratio=head_ms / target_ms, runs=[])
@@ -111,11 +102,15 @@ def run(prompts_per_set: int, new_tokens: int, rounds: int, smoke: bool) -> dict
                        sd_over_ar=paired_speedup(ar, sd), eagle_over_ar=paired_speedup(ar, eagle),
                        eagle_over_sd=paired_speedup(sd, eagle), goal=GOALS["speed_over_sd"][temperature],
                        tokens_per_call=dict(sd=sd["block_efficiency"], eagle=eagle["block_efficiency"]),
+                       # what "auto" planned on the first call (SD: the cap's maximum; EAGLE: the depth)
+                       planned_draft_len={name: row.get("first_call", {}).get("planned_draft_len")
+                                          for name, row in (("sd", sd), ("eagle", eagle))},
                        acceptance_by_position=dict(sd=by_position(sd, 8), eagle=by_position(eagle, 8)))
         out["widened"]["runs"].append(run_row)
         print(f"T={temperature:g}: AR {ar['tokens_per_second']:.1f} tok/s, SD {sd['tokens_per_second']:.1f} "
               f"({run_row['sd_over_ar']:.2f}x AR), EAGLE {eagle['tokens_per_second']:.1f} "
-              f"({run_row['eagle_over_ar']:.2f}x AR, {run_row['eagle_over_sd']:.2f}x SD)", flush=True)
+              f"({run_row['eagle_over_ar']:.2f}x AR, {run_row['eagle_over_sd']:.2f}x SD; planned lengths "
+              f"{run_row['planned_draft_len']})", flush=True)
 
     # 3. training compute of the two drafters.
     out["training"] = {}

@@ -42,7 +42,7 @@ def batches(prompts: list[list[int]], batch_size: int) -> list[list[list[int]]]:
 # call ran the adaptive loop: that call's verdicts (`ssd_jax.tuning.against_ar`,
 # `ssd_jax.tuning.plain_verdicts`) decide whether the timed calls after it start plain, and its
 # choices are otherwise lost (an H200 run of SD at batch 8 timed only AR's program after one).
-FIRST_CALL_STATS = ("target_calls", "mean_draft_len", "ar_fallback_share", "steps_by_cap", "loses_to_ar",
+FIRST_CALL_STATS = ("target_calls", "planned_draft_len", "mean_draft_len", "ar_fallback_share", "steps_by_cap", "loses_to_ar",
                     "priced_speedup_vs_ar", "ar_step_over_loop_plain", "loop_costs")
 
 

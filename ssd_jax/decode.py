@@ -116,7 +116,7 @@ def draft_margin(method: Method, sampling: SamplingParams, draft) -> int:
     if name == "ssd":
         return 2 * method.max_len + 2
     if name == "eagle":
-        return method.draft_len + 1
+        return method.max_len + 1
     return method.max_len
 
 

@@ -207,7 +207,7 @@ def _run(call: _Call, method: Method) -> tuple:
         start = time.perf_counter()
         output = jax.block_until_ready(executable(*args))
         wall = time.perf_counter() - start
-    stats = _method_stats(method, draft, sampling, output)
+    stats = _method_stats(method, draft, sampling, output, depth=auto.plan.draft_len if auto is not None else None)
     if warmed:
         stats["first_run_warmed"] = True
     counters = output.counters["spec"]
@@ -223,9 +223,10 @@ def _run(call: _Call, method: Method) -> tuple:
     return out, method, auto
 
 
-def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> dict:
+def _method_stats(method: Method, draft, sampling: SamplingParams, output, depth: int | None = None) -> dict:
     """The stats that say what a method's program drafted: draft tokens per step, tree nodes or
-    paths, and CSD's cascade counters."""
+    paths, and CSD's cascade counters. depth: the draft length an "auto" plan chose (EAGLE's
+    tree depth; None: the method's own)."""
     name = method.name
     if name in ("pld", "logitspec"):
         nodes = draft_margin(method, sampling, draft)
@@ -242,7 +243,9 @@ def _method_stats(method: Method, draft, sampling: SamplingParams, output) -> di
     if name == "ar":
         return {}
     if name == "eagle":
-        return dict(num_draft_tokens_per_step=method.nodes - 1, tree_nodes=method.nodes, tree_depth=method.draft_len)
+        depth = depth or method.max_len
+        return dict(num_draft_tokens_per_step=method.nodes_at(depth) - 1, tree_nodes=method.nodes_at(depth),
+                    tree_depth=depth)
     return dict(num_draft_tokens_per_step=method.draft_len, num_paths=method.paths)
 
 

@@ -54,11 +54,13 @@ DEFAULTS: dict[str, dict] = {
     # on CPU, 16 on GPU, 64 on TPU).
     "logitspec": dict(draft_len=AUTO, topk=16, tree_size=None, max_ngram=3, max_draft_len=8),
     "csd": dict(k_matrix=None, lenience=None, max_ngram=4, max_draft_tokens=AUTO),
-    # A feature-level head: draft_len deep; topk nodes per depth of the greedy tree (EAGLE-2) and
-    # i.i.d. paths at T > 0; tree_size nodes of the greedy tree verified (None: all drafted,
-    # 1 + draft_len * topk). On CPU a chain (topk 1) ran fastest: a wide verification costs
-    # several tokens' time there (`benchmarks/bench_eagle.py`; docs/benchmarks.md).
-    "eagle": dict(draft_len=6, topk=1, tree_size=None),
+    # A feature-level head: draft_len deep ("auto": the cost model's L* up to max_draft_len per
+    # call, from the head's measured forward, and plain decoding where speculation does not pay);
+    # topk nodes per depth of the greedy tree (EAGLE-2) and i.i.d. paths at T > 0; tree_size nodes
+    # of the greedy tree verified (None: all drafted, 1 + draft_len * topk). On CPU a chain
+    # (topk 1) ran fastest: a wide verification costs several tokens' time there
+    # (`benchmarks/bench_eagle.py`; docs/benchmarks.md).
+    "eagle": dict(draft_len=AUTO, max_draft_len=8, topk=1, tree_size=None),
     "ssd": dict(draft_len=AUTO, max_draft_len=6, fanout_budget=10, fanout="geometric", saguaro_c=1.0, fallback="jit",
                 fanout_acceptance=None, fanout_exponent=None, target_devices=None, draft_devices=None),
 }
@@ -419,29 +421,38 @@ class SSD(_AutoLength):
 
 
 @dataclasses.dataclass(frozen=True)
-class EAGLE(Method):
-    """A feature-level draft head (`draft=` an `ssd_jax.eagle.EagleHead`), draft_len deep. At
+class EAGLE(_AutoLength):
+    """A feature-level draft head (`draft=` an `ssd_jax.eagle.EagleHead`), draft_len deep ("auto":
+    chosen per call up to max_draft_len, with plain decoding where speculation does not pay). At
     T = 0 (and under the Gumbel coupling) an EAGLE-2 tree: the topk best nodes (by cumulative
     draft probability) per depth while expanding, the tree_size best of those (root included;
     None: all, 1 + draft_len * topk) verified by the exact point-mass tree walk. At T > 0 topk
     i.i.d. paths drawn from the head's law, verified by SpecInfer's recursive rejection."""
 
     name: ClassVar[str] = "eagle"
-    draft_len: int = _d("eagle", "draft_len")
+    draft_len: int | str = _d("eagle", "draft_len")
+    max_draft_len: int = _d("eagle", "max_draft_len")
     topk: int = _d("eagle", "topk")
     tree_size: int | None = _d("eagle", "tree_size")
-    RULES: ClassVar[dict] = dict(draft_len=positive_int, topk=positive_int, tree_size=_optional(positive_int))
+    RULES: ClassVar[dict] = dict(draft_len=draft_length, max_draft_len=positive_int, topk=positive_int,
+                                 tree_size=_optional(positive_int))
 
     def check(self) -> None:
-        most = 1 + self.draft_len * self.topk
+        most = 1 + self.max_len * self.topk
         if self.tree_size is not None and not 2 <= self.tree_size <= most:
-            raise InputError(f"tree_size must be in [2, 1 + draft_len * topk = {most}] (the root and the drafted "
+            longest = "max_draft_len" if self.adaptive else "draft_len"
+            raise InputError(f"tree_size must be in [2, 1 + {longest} * topk = {most}] (the root and the drafted "
                              f"nodes), got {self.tree_size}")
+
+    def nodes_at(self, draft_len: int) -> int:
+        """The nodes verified (root included) at this depth: tree_size, at most all drafted."""
+        most = 1 + draft_len * self.topk
+        return most if self.tree_size is None else min(self.tree_size, most)
 
     @property
     def nodes(self) -> int:
-        """The nodes verified, root included."""
-        return self.tree_size if self.tree_size is not None else 1 + self.draft_len * self.topk
+        """The nodes a fixed-length tree verifies, root included."""
+        return self.nodes_at(self.max_len)
 
     @property
     def drafts_with_model(self) -> bool:

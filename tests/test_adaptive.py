@@ -304,7 +304,7 @@ def test_gpu_loop_choices_are_exact_greedy(models, method, rows, monkeypatch):
     assert counters.ar_steps.min() >= 16 and counters.num_drafts.min() >= 4
 
 
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_gpu_loop_runs_no_idle_steps_at_the_end_of_a_call(models, rows, monkeypatch):
     """Under the GPU policy's checks every 4 steps, a call's tail runs one step at a time once the
     running row with the most tokens left could finish inside a block, so no step runs after every
@@ -379,27 +379,28 @@ def _assert_target_law(target, prompt, sampling, tokens) -> None:
 
 @pytest.mark.parametrize("method, costs, draft_len", [
     (ssd_jax.SD(draft_len="auto", threshold=0.5), ALWAYS_SPECULATE, 2),
-    (ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2),
-    (ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4),
+    pytest.param(ssd_jax.SD(draft_len="auto", threshold=0.5), "while_loop", 2, marks=pytest.mark.slow),
+    pytest.param(ssd_jax.SD(draft_len="auto", threshold=0.6), ALWAYS_SPECULATE, 4, marks=pytest.mark.slow),
     (ssd_jax.SD(draft_len="auto"), DRAFT_THEN_PLAIN, 4),
-    (ssd_jax.SD(draft_len="auto"), "blocks_of_2", 4),
-    (ssd_jax.PLD(draft_len="auto", max_ngram=2), "blocks_of_2", 4),
+    pytest.param(ssd_jax.SD(draft_len="auto"), "blocks_of_2", 4, marks=pytest.mark.slow),
+    pytest.param(ssd_jax.PLD(draft_len="auto", max_ngram=2), "blocks_of_2", 4, marks=pytest.mark.slow),
     (ssd_jax.BV(draft_len="auto", threshold=0.7), FALL_BACK, 2),
     (ssd_jax.GBV(draft_len="auto", paths=3), FALL_BACK, 2),
     (ssd_jax.PLD(draft_len="auto", max_ngram=2), CHEAP, 2),
-    (ssd_jax.PLD(draft_len="auto", max_ngram=2), cost_model.force_cap(2), 4),
+    pytest.param(ssd_jax.PLD(draft_len="auto", max_ngram=2), cost_model.force_cap(2), 4, marks=pytest.mark.slow),
     (ssd_jax.LogitSpec(draft_len="auto", tree_size=6, topk=2, max_ngram=2), CHEAP, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), DRAFT_THEN_PLAIN, 2),
     (ssd_jax.CSD(max_draft_tokens="auto"), np.asarray([1.0, 1.0, 0.1, 0.9, 0.0], np.float32), 2),
     (ssd_jax.SpecInfer(draft_len="auto", paths=1), cost_model.force_cap(2), 4),
-    (ssd_jax.SpecTr(draft_len="auto", paths=1), cost_model.force_cap(1), 4),
-    (ssd_jax.GBV(draft_len="auto", paths=1), cost_model.force_cap(2), 4),
+    pytest.param(ssd_jax.SpecTr(draft_len="auto", paths=1), cost_model.force_cap(1), 4, marks=pytest.mark.slow),
+    pytest.param(ssd_jax.GBV(draft_len="auto", paths=1), cost_model.force_cap(2), 4, marks=pytest.mark.slow),
 ], ids=["sd-early-stop", "sd-early-stop-while-loop", "sd-early-stop-two-widths", "sd-chosen-caps",
         "sd-gpu-loop", "pld-gpu-loop", "bv-early-stop-then-plain",
         "gbv-then-plain", "pld-then-plain", "pld-capped", "logitspec-then-plain", "csd-then-plain",
         "csd-chosen-caps", "specinfer-one-path-capped", "spectr-one-path-capped", "gbv-one-path-capped"])
 def test_sampled_law_with_adaptive_lengths(tiny_models, method, costs, draft_len, monkeypatch):
-    """T=1: draft lengths that depend on the draft's confidence (per row), on the running
+    """(The default run keeps one case per kind of choice; -m slow runs them all.)
+    T=1: draft lengths that depend on the draft's confidence (per row), on the running
     acceptance (each step's cap, the fall back to plain decoding) and the verification width
     picked from the drafts (2 or 4 tokens) keep the target's law over 3 tokens. "while_loop":
     the batch drafts with the early-stopping loop batch 1 uses, not one scan per cap.
@@ -798,7 +799,7 @@ def test_forced_cap_limits_every_draft_and_keeps_greedy_output(models, scan_from
     assert speculative_stats(counters, np.asarray(out.num_tokens))["steps_by_cap"] == counters.cap_steps.tolist()
 
 
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_no_draft_longer_than_the_tokens_a_row_can_keep(models, rows):
     """A step keeps at most the tokens its row has left, so the call's last steps price each cap
     by the tokens kept: with one token left the loop decodes it plainly, with two it drafts one
@@ -1170,7 +1171,7 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
 
 
 @pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.PLD(draft_len="auto"),
-                                    ssd_jax.CSD(max_draft_tokens="auto"),
+                                    pytest.param(ssd_jax.CSD(max_draft_tokens="auto"), marks=pytest.mark.slow),
                                     ssd_jax.LogitSpec(draft_len="auto", tree_size=16),
                                     ssd_jax.SpecInfer(draft_len="auto", paths=2)],
                          ids=["sd", "pld", "csd", "logitspec", "specinfer"])

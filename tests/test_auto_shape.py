@@ -138,7 +138,8 @@ def test_path_acceptance_prior_and_memory():
     assert auto_shape.path_acceptance({1: 0.74, 2: 0.5}, 2) == 0.5
 
 
-@pytest.mark.parametrize("method", [ssd_jax.GBV(), ssd_jax.SpecInfer(max_draft_len=4), ssd_jax.SpecTr(max_draft_len=4)],
+@pytest.mark.parametrize("method", [pytest.param(ssd_jax.GBV(), marks=pytest.mark.slow), ssd_jax.SpecInfer(max_draft_len=4),
+                                    ssd_jax.SpecTr(max_draft_len=4)],
                          ids=["gbv", "specinfer", "spectr"])
 def test_chosen_paths_keep_greedy_output(monkeypatch, timed, models, method):
     target, draft = models

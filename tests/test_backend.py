@@ -210,7 +210,7 @@ def test_ar_padded_to_the_policy_rows_gives_the_same_tokens(monkeypatch):
     assert len(padded[0].finish_reasons) == 1
 
 
-@pytest.mark.parametrize("method_name", ["sd", "specinfer"])
+@pytest.mark.parametrize("method_name", ["sd", pytest.param("specinfer", marks=pytest.mark.slow)])
 def test_unrolled_draft_steps_decode_the_same_tokens(monkeypatch, method_name):
     """`unroll_draft_steps` (drafting's L - 1 forwards written out instead of scanned) changes
     the program, not its values: SD (greedy and sampled) and SpecInfer (sampled, 2 paths) decode

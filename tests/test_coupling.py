@@ -25,8 +25,13 @@ from ssd_jax.testing import g_test
 from ssd_jax.tuning.tuner import Tuner
 
 NEW = 24
-METHODS = ["sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd", "ssd"]
+METHODS = ["sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd", "ssd", "eagle"]
 LAWS = {"t1": dict(temperature=1.0), "t07-p09": dict(temperature=0.7, top_p=0.9)}
+# Every method at T=1; at T=0.7 with top_p 0.9 (the same noise through another processed law)
+# SD and SSD in the default run, the rest with -m slow.
+DEFAULT_CASES = [(name, "t1") for name in METHODS] + [("sd", "t07-p09"), ("ssd", "t07-p09")]
+CASES = DEFAULT_CASES + [pytest.param(name, "t07-p09", marks=pytest.mark.slow) for name in METHODS
+                         if (name, "t07-p09") not in DEFAULT_CASES]
 TEXTS = ["def fibonacci(n):", "import os\nimport sys\n", "class Stack:\n    def push(self, x):\n        self."]
 
 
@@ -43,6 +48,8 @@ def prompts(pair):
 def _draft(name: str, draft):
     if name in ("ar", "pld", "logitspec"):
         return None
+    if name == "eagle":
+        return ssd_jax.default_eagle_head()
     return (draft,) if name == "csd" else draft
 
 
@@ -57,8 +64,7 @@ def coupled_ar(pair, prompts):
                                           key=jax.random.PRNGKey(7), **kw)) for law, kw in LAWS.items()}
 
 
-@pytest.mark.parametrize("law", list(LAWS))
-@pytest.mark.parametrize("name", METHODS)
+@pytest.mark.parametrize("name, law", CASES)
 def test_every_method_at_its_defaults_gives_coupled_ar_tokens(pair, prompts, coupled_ar, name, law):
     target, draft = pair
     out = ssd_jax.generate(target, prompts, method=name, draft=_draft(name, draft), max_new_tokens=NEW,
@@ -75,6 +81,7 @@ def test_rejection_sampling_is_not_drafter_invariant(pair, prompts, coupled_ar):
     assert _tokens(ar) != _tokens(sd)
 
 
+@pytest.mark.slow   # ~60 s (three calls of the embedded pair); per verifier: tests/test_verify_api.py
 def test_a_row_s_tokens_do_not_depend_on_its_companions(pair, prompts):
     target, draft = pair
     key = jax.random.PRNGKey(11)
@@ -91,7 +98,7 @@ def test_a_row_s_tokens_do_not_depend_on_its_companions(pair, prompts):
     assert twice[0] != twice[1]   # equal prompts in one batch are independent draws
 
 
-@pytest.mark.parametrize("name", ["csd", "sd"])
+@pytest.mark.parametrize("name", [pytest.param("csd", marks=pytest.mark.slow), "sd"])
 def test_decode_in_a_user_jit_equals_generate_without_a_plan(pair, prompts, name):
     """The promise the timings broke under rejection sampling: under the Gumbel coupling decode's
     prior plan and generate's measured one give the same tokens."""

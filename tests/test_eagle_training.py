@@ -61,6 +61,7 @@ def test_training_lowers_the_loss_and_raises_acceptance(target, corpus, tmp_path
     assert out_eagle.tokens == ar and out_eagle.stats["num_accepted_tokens"] > 0
 
 
+@pytest.mark.slow   # ~100 s: two training runs; the resumption is `fit`'s, which tests/test_train.py checks
 def test_training_resumes_from_its_checkpoints(target, corpus, tmp_path):
     """A run stopped at step 20 and rerun to 40 goes on from its orbax checkpoint: the rerun
     trains steps 21..40 only, starting near where the first run ended (`fit`'s resumption, which

@@ -145,6 +145,7 @@ def test_config_round_trips_through_hf_json(name):
     assert ModelConfig.from_hf(dataclasses.replace(config, hf_json="").to_hf()) == config
 
 
+@pytest.mark.slow   # ~40 s of subprocesses; the loading itself: test_family_matches_transformers_and_converts_both_ways
 def test_cli_generate_loads_new_families(hf_family, tmp_path):
     """`ssd-jax generate --target` a converted Gemma 3 with an HF Phi-3 directory as the draft."""
     import json

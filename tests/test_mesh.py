@@ -2,8 +2,9 @@
 
 The default run covers one 2-D mesh with the issue's mesh methods, the other methods with the
 embedded pair on 2x2, the collectives of the compiled decode, SSD on disjoint sub-meshes, Mixtral's
-experts and the bad inputs (one subprocess), two processes under jax.distributed and the sharding
-block of docs/sharding.md; `-m slow` adds the other mesh shapes, sampling, and every method on 1x2 and 2x2."""
+experts and the bad inputs (one subprocess), and two processes under jax.distributed; `-m slow`
+adds the other mesh shapes, sampling, every method on 1x2 and 2x2, and the sharding block of
+docs/sharding.md."""
 
 from __future__ import annotations
 
@@ -165,6 +166,7 @@ def test_two_processes_under_jax_distributed_print_the_single_process_tokens():
         assert result["other_process_mesh"].startswith("InputError") and f"process {i}" in result["other_process_mesh"]
 
 
+@pytest.mark.slow   # ~45 s; the same sharding runs in the default checks above
 def test_docs_sharding_block_runs_on_eight_devices(tmp_path):
     doc = open(os.path.join(os.path.dirname(HERE), "docs", "sharding.md")).read()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "ssd_jax.shard(" in b]

@@ -41,8 +41,8 @@ TABLE = {
                       fanout_acceptance=([None, 0.5], [0.0, 1.0, 2, True, "x"]),
                       fanout_exponent=([None, 0.5, 3], [0, -1, float("inf"), True, "x"]),
                       target_devices=([None, ()], [3, "cpu"]), draft_devices=([None, ()], [3, "cpu"])),
-    ssd_jax.EAGLE: dict(draft_len=([1, 6, np.int64(3)], [0, "auto", 2.5, True]), topk=([1, 8], [0, None, "4"]),
-                        tree_size=([None, 2, 7], [1, 8, 0, "x"])),
+    ssd_jax.EAGLE: dict(draft_len=ADAPTIVE["draft_len"], max_draft_len=ADAPTIVE["max_draft_len"],
+                        topk=([1, 8], [0, None, "4"]), tree_size=([None, 2, 9], [1, 10, 0, "x"])),
 }
 CASES = [(cls, field, value, ok) for cls, fields in TABLE.items() for field, (good, bad) in fields.items()
          for ok, values in ((True, good), (False, bad)) for value in values]

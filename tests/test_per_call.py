@@ -14,6 +14,7 @@ import pytest
 import ssd_jax
 from ssd_jax import backend
 from ssd_jax.draft.maxgram import MaxGram
+from ssd_jax.eagle import init_head
 from ssd_jax.runtime import compile_cache, decode_program
 from ssd_jax.tuning import auto_call, cost_model, measure, per_call
 from ssd_jax.tuning.cost_model import StepCosts
@@ -183,7 +184,7 @@ def test_a_warmed_first_run_lets_the_compiling_call_set_its_price(models, per_ca
 
 @pytest.mark.parametrize("method, drafted", [
     (ssd_jax.BV(), True), (ssd_jax.SpecInfer(), True), (ssd_jax.SpecTr(), True), (ssd_jax.GBV(), True),
-    (ssd_jax.PLD(), False), (ssd_jax.LogitSpec(), False), (ssd_jax.CSD(), True)])
+    (ssd_jax.PLD(), False), (ssd_jax.LogitSpec(), False), (ssd_jax.CSD(), True), (ssd_jax.EAGLE(topk=2), True)])
 def test_every_synchronous_method_runs_per_call_exactly(models, per_call_policy, method, drafted):
     """Greedy: AR's tokens from the fixed program chosen (a draft length, CSD's verified cap, or
     LogitSpec's root branch), with the stats saying which; a fixed length keeps its program."""
@@ -194,6 +195,8 @@ def test_every_synchronous_method_runs_per_call_exactly(models, per_call_policy,
         bigram = np.asarray(jnp.argmax(ssd_jax.forward(target, jnp.arange(target.config.vocab_size)[:, None])[:, -1],
                                        axis=-1), np.int32)
         drafter = (draft, MaxGram.for_target(target, bigram))
+    if method.name == "eagle":
+        drafter = init_head(target)
     out = ssd_jax.generate(target, PROMPTS, max_new_tokens=20, method=method, draft=drafter)
     assert out.stats["per_call"] and out.stats["method"] == method.name
     assert out.tokens == reference.tokens
@@ -234,6 +237,8 @@ def test_menus_price_each_methods_fixed_programs(models, tuner):
     one = per_call.menu_for(tuner, ssd_jax.GBV(paths=1), target, draft, sampling, 1, 32)
     assert two.lengths == one.lengths == (1, 2, 4, 8)
     assert two.model_s[4] > one.model_s[4] and two.model_s[0] == one.model_s[0]
+    tree = per_call.menu_for(tuner, ssd_jax.EAGLE(topk=2), target, init_head(target), sampling, 1, 32)
+    assert tree.lengths == (1, 2, 4, 8) and tree.model_s[0] == one.model_s[0]
 
 
 def test_choice_follows_the_acceptance_and_the_measured_prices(monkeypatch):

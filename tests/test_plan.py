@@ -13,14 +13,16 @@ import numpy as np
 import pytest
 
 import ssd_jax
+from ssd_jax.eagle import init_head
 from ssd_jax.errors import InputError
+from ssd_jax.loop.costs import NUM_COST_INPUTS
 from ssd_jax.tuning import cost_model
 from spec_models import pair
 
 NEW = 20
 PROMPTS = [[3, 4, 5, 3, 4, 5, 3], [9, 2], [7, 7, 8]]
 AUTO = [ssd_jax.AR(), ssd_jax.SD(), ssd_jax.BV(), ssd_jax.SpecInfer(), ssd_jax.SpecTr(), ssd_jax.GBV(),
-        ssd_jax.PLD(), ssd_jax.LogitSpec(), ssd_jax.CSD()]
+        ssd_jax.PLD(), ssd_jax.LogitSpec(), ssd_jax.CSD(), ssd_jax.EAGLE()]
 
 
 @pytest.fixture(scope="module")
@@ -30,11 +32,14 @@ def models():
 
 def _draft_for(method, target, draft):
     """The draft argument of method on the tiny pair: CSD's cascade ends with a Max-Gram table of
-    its own (the target has no tokenizer to match the shipped one against)."""
+    its own (the target has no tokenizer to match the shipped one against); EAGLE's is a fresh
+    head of the target."""
     if not method.drafts_with_model:
         return None
     if method.name == "csd":
         return (draft, ssd_jax.MaxGram.for_target(target, np.roll(np.arange(64, dtype=np.int32), 1)))
+    if method.name == "eagle":
+        return init_head(target)
     return draft
 
 
@@ -60,8 +65,12 @@ def _decode_in_jit(target, draft, method, sampling, key, **options) -> list[list
     return [np.asarray(tokens)[b, :int(num[b])].tolist() for b in range(len(PROMPTS))]
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("method", AUTO, ids=[m.name for m in AUTO])
+# Every method at T=1; at T=0 (AR's tokens whatever the plan) SD and EAGLE, the rest with -m slow.
+REPLAYS = [pytest.param(m, t, id=f"{m.name}-{t}", marks=() if t == 1.0 or m.name in ("sd", "eagle") else pytest.mark.slow)
+           for m in AUTO for t in (0.0, 1.0)]
+
+
+@pytest.mark.parametrize("method, temperature", REPLAYS)
 def test_decode_replays_the_plan_of_a_measuring_generate(models, method, temperature):
     """The call after a first one (which measured the pair and calibrated the program, and whose
     acceptance the tuner then remembers): decode with its plan gives its tokens."""
@@ -76,14 +85,15 @@ def test_decode_replays_the_plan_of_a_measuring_generate(models, method, tempera
     assert isinstance(plan, ssd_jax.Plan) and plan.method == method and plan.max_new_tokens == NEW
     if method.adaptive and not out.stats.get("plain_from_start"):
         prior = cost_model.prior_plan(plan.program, target, draft, ssd_jax.SamplingParams(temperature=temperature))[1]
-        assert plan.loop is not None and len(plan.costs) == len(prior)
+        assert plan.loop is not None and len(plan.costs) == NUM_COST_INPUTS + plan.loop.draft_len
         assert plan.costs[:3] != pytest.approx(prior[:3].tolist())   # measured, not the prior's
     replayed = _decode_in_jit(target, draft, method, ssd_jax.SamplingParams(temperature=temperature), key,
                               plan=plan)
     assert replayed == out.tokens
 
 
-@pytest.mark.parametrize("method", [ssd_jax.SD(), ssd_jax.CSD(), ssd_jax.LogitSpec()], ids=["sd", "csd", "logitspec"])
+@pytest.mark.parametrize("method", [ssd_jax.SD(), pytest.param(ssd_jax.CSD(), marks=pytest.mark.slow), ssd_jax.LogitSpec()],
+                         ids=["sd", "csd", "logitspec"])
 def test_decode_without_a_plan_is_a_deterministic_tuner_s_generate(models, method):
     """At T=1, in a process whose default tuner has measured and remembered the pair: decode
     without a plan reads none of it and gives what generate gives with a deterministic tuner."""

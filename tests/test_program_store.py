@@ -66,7 +66,7 @@ def _kept(folder: str) -> list[str]:
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
-@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len=2), ssd_jax.SD()], ids=["L=2", "auto"])
+@pytest.mark.parametrize("method", [ssd_jax.SD(draft_len=2), pytest.param(ssd_jax.SD(), marks=pytest.mark.slow)], ids=["L=2", "auto"])
 def test_a_new_process_loads_the_program_and_decodes_the_same_tokens(models, store, loads, method):
     """A call writes its program; with the in-process cache empty (a new process) the same call
     loads it from disk and samples the same tokens at T=1, streamed too (the resume program

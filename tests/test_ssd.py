@@ -1237,6 +1237,7 @@ def test_sampled_law_equals_target_law(tiny_models, options):
     assert _consistent(freq, _exact_law(target, prompt, sampling))
 
 
+@pytest.mark.slow   # ~90 s; the law across plain stretches: test_sampled_law_with_ssd_resumed_after_plain_stretches
 def test_sampled_law_with_the_switch_to_plain_decoding(tiny_models, monkeypatch):
     """draft_len="auto" with the switch after the first SSD step: the rest comes from plain
     decoding chunks, and the law over 3 tokens is still the target's."""
@@ -1346,6 +1347,7 @@ def test_a_call_started_plain_runs_the_target_on_its_own_devices():
     assert result["target_params_on"] == [[1]]
 
 
+@pytest.mark.slow   # the device groups' placement: test_two_devices_place_each_model_on_its_own_device
 def test_four_devices_groups_of_two():
     result = _multidevice("groups", 4)
     assert result["target_devices"] == [0, 1] and result["draft_devices"] == [2, 3]

@@ -22,12 +22,25 @@ from ssd_jax.models.transformer import _attend, _layer_output, _project_qkv, emb
 FEATURE_EPS = 1e-6
 
 
+def head_as_model(head, target):
+    """The head as a one-layer `Model` of target's family (its layer, the target's embedding, final
+    norm and LM head): what `ssd_jax.tuning.measure` times as the draft's forward under "auto"."""
+    from ssd_jax.model import Model
+
+    return Model(config=head.config.layer_config(target.config), params=head_model_params(head.params, target.params))
+
+
+def _unit_rms(x: jax.Array) -> jax.Array:
+    """x [..., D] scaled to a root mean square of 1 over D (float32 inside, x's dtype out)."""
+    f = x.astype(jnp.float32)
+    return (f * jax.lax.rsqrt(jnp.mean(f * f, axis=-1, keepdims=True) + FEATURE_EPS)).astype(x.dtype)
+
+
 def fused_features(head_params: dict, features: jax.Array) -> jax.Array:
     """features [B, T, K, D] (the target's residual stream after each feature layer) -> [B, T, D]
     in the head's dtype: each feature RMS-normalised (the layers' streams differ in scale by
     orders of magnitude), then the fuse map."""
-    f = features.astype(jnp.float32)
-    f = f * jax.lax.rsqrt(jnp.mean(f * f, axis=-1, keepdims=True) + FEATURE_EPS)
+    f = _unit_rms(features.astype(jnp.float32))
     kernel = head_params["fuse"]["kernel"]
     fused = jnp.einsum("btc,cd->btd", f.reshape(*f.shape[:2], -1), kernel.astype(jnp.float32))
     return fused.astype(kernel.dtype)
@@ -38,12 +51,6 @@ def head_model_params(head_params: dict, target_params: dict) -> dict:
     and LM head (the same arrays, not copies)."""
     return dict({k: target_params[k] for k in SHARED_TARGET_PARAMS if k in target_params},
                 layers=head_params["layers"])
-
-
-def _unit_rms(x: jax.Array) -> jax.Array:
-    """x [..., D] scaled to a root mean square of 1 over D (float32 inside, x's dtype out)."""
-    f = x.astype(jnp.float32)
-    return (f * jax.lax.rsqrt(jnp.mean(f * f, axis=-1, keepdims=True) + FEATURE_EPS)).astype(x.dtype)
 
 
 def head_inputs(params: dict, layer_config: ModelConfig, hidden: jax.Array, next_tokens: jax.Array,

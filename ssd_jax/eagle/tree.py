@@ -55,12 +55,6 @@ def ancestor_mask(parents: jax.Array, max_depth: int) -> jax.Array:
     return mask
 
 
-def _drafted_mask(parents: jax.Array, count: int, max_depth: int) -> jax.Array:
-    """Among the first `count` drafted nodes (parents int32 [B, M] into the drafted buffer, -1:
-    the root's child): bool [B, count, count] ancestor-or-self."""
-    return ancestor_mask(parents[:, :count], max_depth)
-
-
 def draft_tree(head_params: dict, target_params: dict, layer_config: ModelConfig, cache: KVCache,
                root_hidden: jax.Array, root: jax.Array, *, depth: int, topk: int, tree_size: int) -> DraftTree:
     """Drafts the tree after root int32 [B] (at position P = cache.lengths: the head's cache holds
@@ -82,7 +76,7 @@ def draft_tree(head_params: dict, target_params: dict, layer_config: ModelConfig
         block_parents = jnp.concatenate(parents, axis=1)
         node_depth = jnp.repeat(jnp.arange(1, e + 1, dtype=jnp.int32), topk)
         positions = position[:, None] + node_depth[None, :] - 1
-        mask = _drafted_mask(block_parents, count, e)
+        mask = ancestor_mask(block_parents, e)
         logits, _, out = head_forward_cached(
             head_params, target_params, layer_config, jnp.concatenate(hidden, axis=1), block_tokens, positions,
             cache, tree_mask=mask,

@@ -65,17 +65,21 @@ class ARParts:
             law = jnp.take_along_axis(probabilities(logits, self.sampling), verdict.next_token[:, None], axis=1)[:, 0]
         return verdict.replace(token_law=law)
 
-    def logits_and_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> tuple[jax.Array, Verdict]:
-        """`step`, also returning the target's logits float32 [B, V] the next token was drawn from."""
+    def logits_and_step(self, state: DecodeState, keys: jax.Array, active: jax.Array,
+                        feature_layers: tuple[int, ...] = ()) -> tuple:
+        """`step`, also returning the target's logits float32 [B, V] the next token was drawn from:
+        (logits, verdict), and with feature_layers (a feature-level head's plain steps) the target's
+        features at cur [B, 1, K, D] after those layers (`forward_cached`) as a third."""
         # Entered only while some row is active, so every iteration needs this forward; no
         # lax.cond around it (a cond made XLA copy the whole cache at every step).
         cache = state.tcache
-        logits, cache = forward_cached(self.tparams, self.tcfg, state.cur[:, None], cache.lengths[:, None], cache)
+        logits, cache, *features = forward_cached(self.tparams, self.tcfg, state.cur[:, None], cache.lengths[:, None],
+                                                  cache, feature_layers=feature_layers)
         token = draw_rows(self.sampling, keys, logits[:, 0], cache.lengths + 1)
         cache = commit(cache, active.astype(jnp.int32))
         b = token.shape[0]
-        return logits[:, 0], Verdict(tcache=cache, inner=(), chosen=jnp.zeros((b, 0), jnp.int32),
-                                     accepted=jnp.zeros((b,), jnp.int32), next_token=token)
+        return (logits[:, 0], Verdict(tcache=cache, inner=(), chosen=jnp.zeros((b, 0), jnp.int32),
+                                      accepted=jnp.zeros((b,), jnp.int32), next_token=token), *features)
 
 
 def ar_parts(tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int, out_size: int) -> ARParts:

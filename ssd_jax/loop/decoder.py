@@ -56,7 +56,7 @@ def make_parts(method: Method, target: Model, draft, sampling: SamplingParams, p
     if isinstance(method, EAGLE):
         from ssd_jax.loop.eagle import eagle_parts
 
-        return eagle_parts(method, draft, tparams, tcfg, sampling, prompt_width, out_size)
+        return eagle_parts(method, draft, tparams, tcfg, sampling, prompt_width, out_size, plan=plan)
     if isinstance(method, CSD):
         models, maxgram = split_cascade(draft)
         bigram = maxgram.bigram if maxgram is not None else jnp.zeros((1,), jnp.int32)

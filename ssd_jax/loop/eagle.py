@@ -9,6 +9,12 @@ head's q for sampled paths; both exact) -> the path is compacted into the target
 the head reads the accepted positions' real features (one forward over the path's static width,
 committing accepted + 1 entries), whose last output is the next root's.
 
+Under draft_len "auto" (`ssd_jax.loop.adaptive_loop`) the loop may decode plainly for a while:
+each plain step keeps the fused features of the token it read (`ar_step`), and the head reads
+them with the tokens that followed in one forward when the loop catches up (`resync`). The loop
+learns the head's acceptance from its speculative steps alone (a head scored on plain text would
+read the target's features at every depth, where drafting reads its own past depth 1).
+
 Invariant at the top of a step, per row: the target's cache holds every emitted token but the
 last, `cur`, at position P = its length; the head's cache holds its entries for positions < P
 (entry t: the target's features at t plus the embedding of token t + 1, so the entry at P - 1
@@ -29,6 +35,8 @@ from ssd_jax.coupling import decision_logits
 from ssd_jax.eagle.forward import fused_features, head_forward_cached
 from ssd_jax.eagle.head import HeadConfig
 from ssd_jax.eagle.tree import draft_tree, sampled_paths
+from ssd_jax.loop.autoregressive import ARParts
+from ssd_jax.loop.caps import pending_width, unread_count_only
 from ssd_jax.loop.emission import emitted_tokens
 from ssd_jax.loop.skeleton import DecodeState, Verdict, fold_rows
 from ssd_jax.models.config import ModelConfig
@@ -48,8 +56,10 @@ SAMPLED_VERIFIER = verify.specinfer
 class EagleParts:
     """draft_len: the tree's depth; topk: nodes per depth while expanding; tree_size: nodes the
     target verifies (root included); head_params, head_config: the head; tparams, tcfg: the
-    target; prompt_size / out_size: static buffer sizes. inner state: dict(hcache: the head's
-    KV cache, root_hidden [B, D])."""
+    target; prompt_size / out_size: static buffer sizes; pending_width: > 0 under "auto", the most
+    tokens the head may lag behind after plain steps. inner state: dict(hcache: the head's KV
+    cache, root_hidden [B, D]; under "auto" also plain_hidden [B, pending_width, D]: the fused
+    features of the tokens plain steps read, plain_count int32 [B]: how many)."""
 
     draft_len: int
     topk: int
@@ -74,7 +84,7 @@ class EagleParts:
 
     @property
     def capacity(self) -> int:
-        return self.prompt_size + self.out_size + self.room + 2
+        return self.prompt_size + self.out_size + self.room + 2 + self.pending_width
 
     @property
     def room(self) -> int:
@@ -84,6 +94,17 @@ class EagleParts:
 
     chain_writes = False
     drafts_with_model = True
+    takes_cap = False          # every step drafts the tree of the plan's depth
+    keeps_room = True          # under "auto" too (`ssd_jax.loop.skeleton.room_gated`)
+    learns_while_plain = False
+    shadow_tree = None
+
+    @property
+    def verify_caps(self) -> tuple[int, ...]:
+        return (self.draft_len,)
+
+    def dispatch_caps(self, batch: int) -> None:
+        return None
 
     @property
     def counter_width(self) -> int:
@@ -99,9 +120,13 @@ class EagleParts:
         hcache = init_cache(self.layer_config, b, self.capacity, self.tparams["embed"].dtype)
         _, hcache, out = head_forward_cached(self.head_params, self.tparams, self.layer_config,
                                              fused_features(self.head_params, features), nxt, positions, hcache,
-                                             logit_indices=jnp.zeros((b, 1), jnp.int32))
+                                             logit_indices=jnp.zeros((b, 0), jnp.int32))
         root_hidden = jnp.take_along_axis(out, (lengths - 1)[:, None, None], axis=1)[:, 0]
-        return dict(hcache=hcache.replace(lengths=lengths), root_hidden=root_hidden)
+        inner = dict(hcache=hcache.replace(lengths=lengths), root_hidden=root_hidden)
+        if self.pending_width:
+            inner.update(plain_hidden=jnp.zeros((b, self.pending_width, root_hidden.shape[-1]), root_hidden.dtype),
+                         plain_count=jnp.zeros((b,), jnp.int32))
+        return inner
 
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap=None, width=None) -> Verdict:
         if not self.sampling.by_argmax:
@@ -164,17 +189,59 @@ class EagleParts:
         entry_positions = position[:, None] + jnp.arange(depth + 1, dtype=jnp.int32)[None, :]
         _, hcache, out = head_forward_cached(self.head_params, self.tparams, self.layer_config,
                                              fused_features(self.head_params, path_features), nxt, entry_positions,
-                                             inner["hcache"], logit_indices=jnp.zeros((b, 1), jnp.int32))
+                                             inner["hcache"], logit_indices=jnp.zeros((b, 0), jnp.int32))
         hcache = commit(hcache, keep)
         root_hidden = jnp.where(active[:, None], out[jnp.arange(b), accepted], inner["root_hidden"])
-        return Verdict(tcache=tcache, inner=dict(hcache=hcache, root_hidden=root_hidden), chosen=path_tokens,
+        return Verdict(tcache=tcache, inner=dict(inner, hcache=hcache, root_hidden=root_hidden), chosen=path_tokens,
                        accepted=accepted, next_token=next_token, drafted=drafted,
                        draft_forwards=jnp.asarray(depth - 1, jnp.int32))
 
 
+    # ------------------------------------------------------------ adaptive speculation's fallback
+
+    def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        """A plain step (the target alone) that keeps the fused features of the token it read, cur,
+        for the head's catch-up (`resync`)."""
+        plain = ARParts(tparams=self.tparams, tcfg=self.tcfg, sampling=self.sampling, capacity=self.capacity)
+        _, verdict, features = plain.logits_and_step(state, keys, active, self.feature_layers)
+        inner = state.inner
+        rows = jnp.arange(active.shape[0])
+        slot = jnp.where(active, inner["plain_count"], self.pending_width)
+        hidden = inner["plain_hidden"].at[rows, slot].set(fused_features(self.head_params, features)[:, 0],
+                                                          mode="drop")
+        return verdict.replace(inner=dict(inner, plain_hidden=hidden,
+                                          plain_count=inner["plain_count"] + active.astype(jnp.int32)))
+
+    def pending(self, inner) -> tuple[jax.Array, jax.Array]:
+        """The loop's pending buffer: plain steps append their tokens after slot 0 (the head keeps
+        their features itself), see `resync`."""
+        return unread_count_only(inner["plain_count"].shape[0], self.pending_width)
+
+    def resync(self, inner, pending: jax.Array, pending_len: jax.Array):
+        """The head reads what plain steps decoded: the entries at P..P+n-1 (P: its cache's length,
+        n = pending_len - 1 plain steps) from their tokens' fused features and the tokens after
+        them, pending[:, 1:n+1], in one forward; the last one's output is the next root's."""
+        hcache, b, width = inner["hcache"], pending.shape[0], pending.shape[1] - 1
+        read = pending_len - 1
+        # Slots past a row's count hold padding, never committed; their positions are clamped so
+        # learned position embeddings are never read past their table.
+        positions = jnp.minimum(hcache.lengths[:, None] + jnp.arange(width, dtype=jnp.int32)[None, :],
+                                self.tcfg.max_position_embeddings - 1)
+        _, hcache, out = head_forward_cached(self.head_params, self.tparams, self.layer_config,
+                                             inner["plain_hidden"][:, :width], pending[:, 1:], positions, hcache,
+                                             logit_indices=jnp.zeros((b, 0), jnp.int32))
+        last = out[jnp.arange(b), jnp.maximum(read - 1, 0)]
+        return dict(inner, hcache=commit(hcache, read), root_hidden=jnp.where((read > 0)[:, None], last,
+                                                                            inner["root_hidden"]),
+                    plain_count=jnp.zeros_like(inner["plain_count"]))
+
+
 def eagle_parts(method, head, tparams: dict, tcfg: ModelConfig, sampling: SamplingParams, prompt_width: int,
-                out_size: int) -> EagleParts:
-    """method: an EAGLE object with a fixed draft_len; head: the `EagleHead`."""
-    return EagleParts(draft_len=method.draft_len, topk=method.topk, tree_size=method.nodes,
+                out_size: int, plan=None) -> EagleParts:
+    """method: an EAGLE object; head: the `EagleHead`; plan: its `AutoPlan` when draft_len is
+    "auto" (the depth the plan chose; the parts can fall back to plain decoding)."""
+    depth = plan.draft_len if plan is not None else method.draft_len
+    return EagleParts(draft_len=depth, topk=method.topk, tree_size=method.nodes_at(depth),
                       head_params=head.params, head_config=head.config, tparams=tparams, tcfg=tcfg,
-                      sampling=sampling, prompt_size=prompt_width, out_size=out_size)
+                      sampling=sampling, prompt_size=prompt_width, out_size=out_size,
+                      pending_width=pending_width(plan))

@@ -228,8 +228,11 @@ def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
 def room_gated(parts: Parts) -> bool:
     """Whether the parts' steps run only while every running row has `room` slots left: trees
     under the adaptive loop, which decodes plainly otherwise, so the target's cache needs no room
-    past the prompt and the outputs (a tree's last ~room tokens decode plainly instead)."""
-    return not parts.chain_writes and parts.pending_width > 0
+    past the prompt and the outputs (a tree's last ~room tokens decode plainly instead). Parts
+    with `keeps_room` (EAGLE) keep the room instead: there a row's steps would depend on the
+    prompt's padding (a row shorter than the batch's widest prompt has room to the end), and a
+    call's tokens at T > 0 on how it was padded."""
+    return not parts.chain_writes and parts.pending_width > 0 and not getattr(parts, "keeps_room", False)
 
 
 def step_room(parts: Parts, outputs: Outputs, max_new: jax.Array) -> jax.Array | int:

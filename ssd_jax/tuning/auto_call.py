@@ -65,7 +65,7 @@ def plan_call(tuner, method: Method, target: Model, draft, sampling: SamplingPar
     the fixed relative costs for a deterministic tuner) and the remembered acceptance (the prior
     before any, and always for a deterministic tuner)."""
     start = time.perf_counter()
-    costs = measure.measure_costs(tuner, target, cost_model.cost_draft(method, draft), batch.batch_size,
+    costs = measure.measure_costs(tuner, target, cost_model.cost_draft(method, draft, target), batch.batch_size,
                                   batch.max_length + max_new_tokens // 2, cost_model.cost_width(method))
     memory_key = cost_model.acceptance_key(target, draft, method, sampling)
     plan, loop_inputs = cost_model.plan(method, target, draft, sampling, costs, tuner.acceptance_for(memory_key))

@@ -163,10 +163,18 @@ def cost_width(method) -> int:
     return getattr(method, "max_draft_len", DEFAULTS["sd"]["max_draft_len"])
 
 
-def cost_draft(method, draft):
+def cost_draft(method, draft, target=None):
     """The model whose forward `measure_costs` times as the draft cost: the draft of draft-model
-    methods; None for retrieval and CSD (their drafting is inside the calibrated step time)."""
-    return draft if getattr(method, "drafts_with_model", False) and method.name != "csd" else None
+    methods; for EAGLE the head as a one-layer model of target's (`ssd_jax.eagle.head_as_model`;
+    target None: the head itself, for `plan`'s test of whether one drafts); None for retrieval
+    and CSD (their drafting is inside the calibrated step time)."""
+    if not getattr(method, "drafts_with_model", False) or method.name == "csd":
+        return None
+    if method.name == "eagle" and target is not None:
+        from ssd_jax.eagle.forward import head_as_model
+
+        return head_as_model(draft, target)
+    return draft
 
 
 def logitspec_branch(method) -> int:
@@ -182,12 +190,17 @@ def plan(method, target, draft, sampling, costs: StepCosts, acceptance: float) -
     model (their tree is static). PLD: max_draft_len, the loop capping each step (a wider
     verification is the cost of a longer cap).
     CSD: its cascade's cap, the loop capping each step's verified draft.
+    EAGLE: L* of the cost model at topk paths' width (its tree is static).
     LogitSpec: its tree's width does not depend on the root branch, so the branch is as long as
     allowed (max_draft_len, leaving the next-next guesses at least one node). acceptance: the
     per-position acceptance the loop's estimates start from."""
     from ssd_jax.loop.retrieval import retrieval_layout
 
     paths = getattr(method, "paths", 1)
+    if method.name == "eagle":
+        draft_len = choose_draft_len(costs, acceptance, method.max_draft_len, method.topk)
+        return (AutoPlan(draft_len=draft_len, threshold=None),
+                loop_inputs(costs, acceptance, method.nodes_at(draft_len), draft_len))
     if method.name == "csd":
         from ssd_jax.loop.cascade import cascade_schedule
 

@@ -8,7 +8,7 @@ wins that back (docs/benchmarks.md#the-backend-policy); its programs also compil
 than a fixed length's.
 
 So a call here runs one program, chosen before it starts: the method at a fixed length L* (its
-`Menu`: SD, BV, SpecInfer, SpecTr, GBV and PLD their draft_len, CSD its max_draft_tokens,
+`Menu`: SD, BV, SpecInfer, SpecTr, GBV, PLD and EAGLE their draft_len, CSD its max_draft_tokens,
 LogitSpec its root branch at the longest its tree allows) or AR's program (L* = 0), L* maximising
 the predicted speedup
 
@@ -74,7 +74,7 @@ from ssd_jax.tuning.plain_verdicts import calls_apart
 
 # Methods whose fixed programs differ from "auto" only in a length (and the shapes "auto" fixed
 # before the call: paths, tree size).
-METHODS = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd")
+METHODS = ("sd", "bv", "specinfer", "spectr", "gbv", "pld", "logitspec", "csd", "eagle")
 PRICE_WEIGHT = 0.5       # a call's weight in its length's remembered seconds and tokens per target call
 EXPLORE_GAIN = 1.05      # a program never run is chosen only where it predicts this much more
 PROBE_OVERHEAD = 0.01   # while AR's program wins, probes cost at most this share of the calls ...
@@ -162,7 +162,7 @@ def menu_for(tuner, method, target, draft, sampling, batch: int, context: int) -
     from ssd_jax.loop.cascade import cascade_schedule
     from ssd_jax.loop.retrieval import retrieval_layout
 
-    costs = measure.measure_costs(tuner, target, cost_model.cost_draft(method, draft), batch, context,
+    costs = measure.measure_costs(tuner, target, cost_model.cost_draft(method, draft, target), batch, context,
                                  cost_model.cost_width(method))
     if method.name == "csd":
         width = cascade_schedule(method, len(cost_model.draft_models(draft)), sampling).target_width
@@ -175,6 +175,10 @@ def menu_for(tuner, method, target, draft, sampling, batch: int, context: int) -
         for n in lengths:
             model[n] = costs.target(retrieval_layout(method, n).num_nodes)
         return Menu(lengths, model)
+    if method.name == "eagle":   # the head drafts depth L and the target verifies the tree's nodes
+        return Menu(menu_lengths(method.max_draft_len),
+                    np.asarray([costs.target(method.nodes_at(n) if n else 1) + n * costs.draft
+                                for n in range(method.max_draft_len + 1)]))
     paths = getattr(method, "paths", 1)
     if paths == 1:
         return simple_menu(costs, method.max_draft_len)
