@@ -52,6 +52,7 @@ def run(prompts_per_set: int, new_tokens: int, rounds: int, smoke: bool) -> dict
     import ssd_jax
     from benchmarks.bench_regimes import DRAFT_MENU, calibrated_draft, prompt_sets, step_ms
     from benchmarks.spec_harness import paired_speedup, run_configs
+    from ssd_jax.eagle.forward import head_as_model
     from ssd_jax.testing import widen
     from ssd_jax.tuning.tuner import Tuner
 
