@@ -87,7 +87,7 @@ def run(prompts_per_set: int, new_tokens: int, rounds: int, smoke: bool) -> dict
     target_ms = step_ms(tuner, wide, 1)
     wide_draft, widening, draft_ms, measured = calibrated_draft(tuner, draft, target_ms, REGIME, 1,
                                                                 DRAFT_MENU if not smoke else DRAFT_MENU[:2])
-    head_ms = step_ms(tuner, head_as_model(wide, head), 1)
+    head_ms = step_ms(tuner, head_as_model(head, wide), 1)
     out["widened"] = dict(target_widening=TARGET_WIDENING if not smoke else {}, target_step_ms=target_ms,
                           draft_widening=widening, draft_step_ms=draft_ms, draft_ratio=measured,
                           head_step_ms=head_ms, head_ratio=head_ms / target_ms, runs=[])
