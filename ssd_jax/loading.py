@@ -16,18 +16,24 @@ from ssd_jax.models.params import param_shapes, validate_params
 from ssd_jax.sharding.placement import Placement
 
 
-def read_config(directory: str) -> ModelConfig:
+def read_config_json(directory: str, error: type[Exception] = ConfigError) -> dict:
+    """directory's config.json as a dict; `error` naming the file where it is missing, unreadable
+    or not a JSON object."""
     path = os.path.join(directory, "config.json")
     if not os.path.exists(path):
-        raise ConfigError(f"missing config.json in {directory}")
+        raise error(f"missing config.json in {directory}")
     try:
         with open(path) as f:
             hf = json.load(f)
-    except (OSError, json.JSONDecodeError) as err:
-        raise ConfigError(f"unreadable config.json in {directory}: {err}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise error(f"unreadable config.json in {directory}: {err}") from None
     if not isinstance(hf, dict):
-        raise ConfigError(f"config.json in {directory} is not a JSON object")
-    return ModelConfig.from_hf(hf)
+        raise error(f"config.json in {directory} is not a JSON object")
+    return hf
+
+
+def read_config(directory: str) -> ModelConfig:
+    return ModelConfig.from_hf(read_config_json(directory))
 
 
 def read_tokenizer(directory: str):

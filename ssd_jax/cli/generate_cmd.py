@@ -155,7 +155,7 @@ def load_models(args):
 
         if args.draft is None and args.target is not None:
             raise InputError("--method eagle with --target needs --draft HEAD_DIR (a head trained for that target: "
-                             "ssd-jax train-head)")
+                             "ssd-jax train-head, or an EAGLE-3 head converted by python -m checkpoints_convert --eagle3)")
         return target, load_head(args.draft or EAGLE_HEAD_DIR, target=target, dtype=args.dtype)
     uses_draft = args.method not in ("ar", "pld", "logitspec") and not (args.method == "csd" and args.drafts)
     draft = ssd_jax.load(draft_dir, dtype=args.dtype) if draft_dir and uses_draft else None

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ssd_jax.eagle.head import EagleHead, HeadConfig, check_head_params
+from ssd_jax.eagle.head import EagleHead, HeadConfig, cast_floats, check_draft_vocab, check_head_params
 from ssd_jax.errors import CheckpointError, InputError
 from ssd_jax.model import dtype_from_name
 
@@ -48,7 +48,7 @@ def save_head(head: EagleHead, directory: str, *, dtype: str | None = None, repo
     from checkpoints_convert.convert import _atomic_directory
     from safetensors.numpy import save_file
 
-    params = head.params if dtype is None else jax.tree.map(lambda a: a.astype(dtype_from_name(dtype)), head.params)
+    params = head.params if dtype is None else cast_floats(head.params, dtype_from_name(dtype))
     tensors = {name: np.asarray(leaf) for name, leaf in _flat(params).items()}
     with _atomic_directory(directory, overwrite) as tmp:
         save_file(tensors, os.path.join(tmp, WEIGHTS_NAME), metadata={"format": "ssd_jax.eagle"})
@@ -86,8 +86,13 @@ def load_head(directory: str, target=None, dtype: str | None = None) -> EagleHea
         raise CheckpointError(f"cannot read {weights_path}: {err}") from None
     finally:
         file.close()
+    if "draft_to_target" in tensors:
+        try:
+            check_draft_vocab(tensors["draft_to_target"], config.target_vocab_size)
+        except InputError as err:
+            raise CheckpointError(f"{weights_path}: {err}") from None
     cast = dtype_from_name(dtype) if dtype is not None else (target.dtype if target is not None else jnp.float32)
-    params = jax.tree.map(lambda a: jnp.asarray(a, dtype=cast), _nested(tensors))
+    params = cast_floats(jax.tree.map(jnp.asarray, _nested(tensors)), cast)
     head = EagleHead(config=config, params=params, path=os.path.abspath(directory))
     if target is not None:
         head.check_target(target)

@@ -9,22 +9,35 @@ output in place of the fused features it does not have yet (training-time test).
 Params: {"fuse": {"kernel": [K*D, D]}, "layers": one layer, stacked as a `Model`'s are (leading
 axis of 1; see `ssd_jax.models.params`)}. The layer's shapes are those of
 `HeadConfig.layer_config(target.config)`: the target's layer with `intermediate_size` units.
+
+Style "eagle3" is the layout of EAGLE-3's published heads (`checkpoints_convert.eagle3` converts
+them): the fuse map reads the raw features; the layer is a Llama layer of the checkpoint's own
+config whose attention reads cat(norm(embedding), norm(hidden)) [2D] while its residual stream
+starts from the fused hidden alone; the head has its own final norm and LM head over a reduced
+draft vocabulary. Its params add "embed_norm" {"scale": [D]}, "final_norm", "lm_head" {"kernel":
+[D, Vd]} and "draft_to_target" int32 [Vd] (the target token id of each draft-vocabulary row);
+q/k/v kernels take 2D inputs (embedding half first).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ssd_jax.errors import InputError
+from ssd_jax.errors import InputError, SsdJaxError
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.params import init_params, param_shapes
 
 # The target params a head borrows (frozen) for its input embedding and its output.
 SHARED_TARGET_PARAMS = ("embed", "pos_embed", "final_norm", "lm_head")
+# The output params an "eagle3" head has of its own, in place of the target's.
+OWN_OUTPUT_PARAMS = ("final_norm", "lm_head")
+STYLES = ("fused", "eagle3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +46,10 @@ class HeadConfig:
 
     feature_layers: target layer indices whose outputs are fused (sorted, distinct);
     intermediate_size: the head layer's MLP units; target_*: the target's model_type,
-    hidden_size, vocab_size and num_layers, which a head must match to be used with a target."""
+    hidden_size, vocab_size and num_layers, which a head must match to be used with a target.
+    style: "fused" (ours, `init_head`) or "eagle3" (a converted EAGLE-3 head, see the module
+    docstring); for "eagle3", draft_vocab_size: the rows of its own LM head, and
+    layer_hf_config: its layer's config.json text (a Llama config)."""
 
     feature_layers: tuple[int, ...]
     intermediate_size: int
@@ -41,6 +57,9 @@ class HeadConfig:
     target_hidden_size: int
     target_vocab_size: int
     target_num_layers: int
+    style: str = "fused"
+    draft_vocab_size: int = 0
+    layer_hf_config: str = ""
 
     @classmethod
     def for_target(cls, target_config: ModelConfig, feature_layers: tuple[int, ...] | None = None,
@@ -65,6 +84,11 @@ class HeadConfig:
         residual stream of the layers before them as it was)."""
         if self.intermediate_size < 1:
             raise InputError(f"head intermediate_size must be >= 1, got {self.intermediate_size}")
+        if self.style not in STYLES:
+            raise InputError(f"head style must be one of {STYLES}, got {self.style!r}")
+        if self.style == "eagle3" and not 1 <= self.draft_vocab_size <= target_config.vocab_size:
+            raise InputError(f"an eagle3 head's draft_vocab_size must be in 1..{target_config.vocab_size} (the "
+                             f"target's vocabulary), got {self.draft_vocab_size}")
         if not self.feature_layers:
             raise InputError("a head needs at least one feature layer, got none")
         if len(set(self.feature_layers)) != len(self.feature_layers) or list(self.feature_layers) != sorted(
@@ -80,11 +104,17 @@ class HeadConfig:
             if mine != theirs:
                 raise InputError(f"this head was trained for a target with {field}={mine!r}; "
                                  f"the target has {field}={theirs!r}")
+        if self.style == "eagle3" and self.layer_config(target_config).hidden_size != target_config.hidden_size:
+            raise InputError(f"this eagle3 head's layer has hidden_size "
+                             f"{self.layer_config(target_config).hidden_size}, the target "
+                             f"{target_config.hidden_size}; heads of another width are not supported")
 
     def layer_config(self, target_config: ModelConfig) -> ModelConfig:
         """The one-layer `ModelConfig` the head runs under: the target's family, dims and norms,
         global attention, a dense MLP of intermediate_size units (a mixture-of-experts target
-        gets a gated one)."""
+        gets a gated one). An "eagle3" head's: the Llama layer of its own config."""
+        if self.style == "eagle3":
+            return eagle3_layer_config(self.layer_hf_config, target_config.vocab_size)
         return dataclasses.replace(
             target_config, num_layers=1, intermediate_size=self.intermediate_size, layer_types=(),
             sliding_window=None, rope_local=None,
@@ -102,10 +132,24 @@ class HeadConfig:
     def from_json(cls, text: str) -> "HeadConfig":
         data = json.loads(text)
         fields = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(fields - set(data))
+        required = {f.name for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING}
+        missing = sorted(required - set(data))
         if missing:
             raise InputError(f"head config lacks {missing}")
         return cls(**{k: (tuple(v) if k == "feature_layers" else v) for k, v in data.items() if k in fields})
+
+
+@functools.lru_cache(maxsize=64)
+def eagle3_layer_config(layer_hf_config: str, vocab_size: int) -> ModelConfig:
+    """The one-layer Llama `ModelConfig` of an EAGLE-3 head's config.json text, over the target's
+    vocabulary (its input embedding is the target's). InputError for a config it cannot read."""
+    try:
+        hf = json.loads(layer_hf_config)
+        config = ModelConfig.from_hf(dict(hf, model_type="llama", num_hidden_layers=1, vocab_size=vocab_size,
+                                          tie_word_embeddings=False))
+    except (ValueError, SsdJaxError) as err:   # json's errors are ValueErrors
+        raise InputError(f"an eagle3 head's layer config is unreadable: {err}") from None
+    return dataclasses.replace(config, hf_json="", eos_token_ids=(), bos_token_id=None, pad_token_id=None)
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -126,6 +170,10 @@ class EagleHead:
     def dtype(self):
         return self.params["fuse"]["kernel"].dtype
 
+    def astype(self, dtype) -> "EagleHead":
+        """The head with its floating-point params cast to dtype (the draft-to-target ids stay int32)."""
+        return self.with_params(cast_floats(self.params, dtype))
+
     def with_params(self, params: dict) -> "EagleHead":
         return dataclasses.replace(self, params=params)
 
@@ -141,11 +189,36 @@ class EagleHead:
 jax.tree_util.register_dataclass(EagleHead, data_fields=["params"], meta_fields=["config", "path"])
 
 
+def cast_floats(params: dict, dtype) -> dict:
+    """params with every floating-point leaf cast to dtype (integer leaves as they are)."""
+    return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+
+
+def check_draft_vocab(ids, vocab_size: int) -> None:
+    """InputError where draft-to-target ids (int [Vd], concrete) are not distinct token ids of a
+    vocab_size vocabulary."""
+    ids = np.asarray(ids)
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+        raise InputError(f"draft vocabulary maps to token id(s) {bad[:5].tolist()} outside the target's "
+                         f"vocabulary of {vocab_size}")
+    if np.unique(ids).size != ids.size:
+        raise InputError(f"draft vocabulary maps {ids.size - np.unique(ids).size} row(s) to a target token "
+                         f"another row has")
+
+
 def head_param_shapes(config: HeadConfig, target_config: ModelConfig) -> dict:
     """The expected shape of every head leaf, as a pytree of tuples."""
     d = target_config.hidden_size
-    return {"fuse": {"kernel": (config.num_features * d, d)},
-            "layers": param_shapes(config.layer_config(target_config))["layers"]}
+    layer_shapes = param_shapes(config.layer_config(target_config))
+    shapes = {"fuse": {"kernel": (config.num_features * d, d)}, "layers": layer_shapes["layers"]}
+    if config.style == "eagle3":
+        for name in "qkv":
+            n, _, out = shapes["layers"][name]["kernel"]
+            shapes["layers"][name] = dict(shapes["layers"][name], kernel=(n, 2 * d, out))
+        shapes.update(embed_norm={"scale": (d,)}, final_norm=layer_shapes["final_norm"],
+                      lm_head={"kernel": (d, config.draft_vocab_size)}, draft_to_target=(config.draft_vocab_size,))
+    return shapes
 
 
 def init_head(target, feature_layers: tuple[int, ...] | None = None, intermediate_size: int | None = None,
@@ -176,3 +249,6 @@ def check_head_params(head: EagleHead, target_config: ModelConfig) -> None:
     extra = sorted(set(actual) - {jax.tree_util.keystr(p) for p, _ in expected})
     if extra:
         raise InputError(f"head params have unexpected leaves {extra}")
+    ids = head.params.get("draft_to_target")
+    if ids is not None and not jnp.issubdtype(ids.dtype, jnp.integer):
+        raise InputError(f"head param draft_to_target must hold integer token ids, got dtype {ids.dtype}")

@@ -23,10 +23,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ssd_jax.eagle.forward import head_forward_cached
+from ssd_jax.eagle.forward import head_forward_cached, head_logits
 from ssd_jax.models.config import ModelConfig
 from ssd_jax.models.kv_cache import KVCache
-from ssd_jax.models.transformer import lm_head
 from ssd_jax.sampling import SamplingParams, probabilities, sample
 
 TIE_BREAK = 1e-4   # per depth: among equal scores the shallower node ranks first
@@ -64,7 +63,8 @@ def draft_tree(head_params: dict, target_params: dict, layer_config: ModelConfig
     entry sees its ancestors' entries, which is the tree mask of that block)."""
     b = root.shape[0]
     position = cache.lengths
-    logp = jax.nn.log_softmax(lm_head(target_params, layer_config, root_hidden[:, None])[:, 0], axis=-1)
+    logp = jax.nn.log_softmax(head_logits(head_params, target_params, layer_config, root_hidden[:, None])[:, 0],
+                              axis=-1)
     score, tokens = jax.lax.top_k(logp, topk)                                    # [B, topk]
     scores, all_tokens = [score], [tokens]
     parents = [jnp.full((b, topk), -1, jnp.int32)]
@@ -110,7 +110,7 @@ def sampled_paths(head_params: dict, target_params: dict, layer_config: ModelCon
         token = jax.vmap(jax.vmap(lambda k, w: sample(k, w)))(draws[:, d], law)
         return token.astype(jnp.int32), law
 
-    root_logits = lm_head(target_params, layer_config, root_hidden[:, None])        # [B, 1, V]
+    root_logits = head_logits(head_params, target_params, layer_config, root_hidden[:, None])   # [B, 1, V]
     token, law = draw(jnp.broadcast_to(root_logits, (b, paths, root_logits.shape[-1])), 0)
     tokens, laws = [token], [law]
     hidden = [jnp.broadcast_to(root_hidden[:, None], (b, paths, root_hidden.shape[-1]))]

@@ -78,6 +78,13 @@ def _project_qkv(config: ModelConfig, lp: dict, x: jax.Array, positions: jax.Arr
     return q, k, v
 
 
+def attention_input(config: ModelConfig, lp: dict, x: jax.Array, prefix: jax.Array | None = None) -> jax.Array:
+    """A layer's attention input: its normed residual stream x [B, T, D], after prefix [B, T, E]
+    where one is given (an EAGLE-3 head's normed token embedding: q/k/v then take E + D inputs)."""
+    h = norm(config, x, lp["attn_norm"])
+    return h if prefix is None else jnp.concatenate([prefix.astype(h.dtype), h], axis=-1)
+
+
 def _attend(config: ModelConfig, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
     """Grouped-query attention.
 
@@ -264,6 +271,7 @@ def forward_cached(
     decode_attention: str | None = None,
     feature_layers: tuple[int, ...] = (),
     inputs_embeds: jax.Array | None = None,
+    attention_prefix: jax.Array | None = None,
 ):
     """Forward over T new tokens per row through the cache.
 
@@ -292,6 +300,8 @@ def forward_cached(
     logit_indices selects): what a feature-level draft head reads.
     inputs_embeds: optional [B, T, D], the first layer's input in place of the tokens' embeddings
     (a feature-level head's fused input, `ssd_jax.eagle`); tokens then give only the shape.
+    attention_prefix: optional [B, T, E] put before every layer's normed input in its attention
+    input (`attention_input`; an EAGLE-3 head's one layer).
     """
     feature_layers = check_feature_layers(config, feature_layers)
     b, t = tokens.shape
@@ -313,7 +323,7 @@ def forward_cached(
         """One layer (index `layer`) through its cache: k_buf, v_buf [B, KVH, S, hd], or stacked
         with layer index i."""
         layer = i if layer is None else layer
-        q, k, v = _project_qkv(config, lp, norm(config, x, lp["attn_norm"]), positions, layer)
+        q, k, v = _project_qkv(config, lp, attention_input(config, lp, x, attention_prefix), positions, layer)
         k, v = k.astype(k_buf.dtype), v.astype(v_buf.dtype)
         if i is None:
             # One extra update per row aimed past capacity (dropped) keeps this a scatter: XLA
