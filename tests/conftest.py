@@ -125,7 +125,14 @@ SLOW = {
     "test_adaptive.py::test_speculation_up_to_the_end_of_a_cache_without_room": {"sd", "specinfer"},
     "test_adaptive.py::test_sampled_law_with_adaptive_lengths": {"csd-chosen-caps", "sd-early-stop"},
     "test_adaptive.py::test_speculation_that_never_pays_never_probes": {"specinfer", "csd-lenience-1"},
-    "test_adaptive.py::test_gpu_loop_choices_are_exact_greedy": {"1-pld", "1-csd"},
+    "test_adaptive.py::test_gpu_loop_choices_are_exact_greedy": {"1-pld", "1-csd", "1-sd"},
+    "test_streaming.py::test_streamed_auto_is_greedy_exact": {"csd"},
+    # EAGLE: the default run keeps two tree shapes, and decode-in-jit fixed at T=0/1 and auto at T=1;
+    # the command line's training is the library's train_head behind argparse (one case kept:
+    # test_training_lowers_the_loss_and_raises_acceptance).
+    "test_eagle.py::test_greedy_equals_autoregressive_batched_and_alone": {"chain1", "d2k4n9"},
+    "test_eagle.py::test_decode_in_user_jit_equals_generate": {"auto-0.0"},
+    "test_eagle_training.py::test_the_command_line_trains_a_head": None,
     "test_auto_shape.py::test_chosen_paths_keep_greedy_output": {"specinfer", "spectr"},
     "test_verify_api.py::test_large_vocabulary_many_paths_long_drafts": None,
     "test_cascade.py::test_embedded_models_greedy_equals_autoregressive": None,
@@ -133,13 +140,13 @@ SLOW = {
     # plan is replayed in the default run by the deterministic tuner's case).
     "test_plan.py::test_decode_replays_the_plan_of_a_measuring_generate": {
         "ar-0.0", "ar-1.0", "sd-0.0", "bv-0.0", "bv-1.0", "specinfer-0.0", "spectr-0.0", "gbv-0.0", "gbv-1.0",
-        "pld-1.0", "logitspec-0.0", "csd-0.0", "spectr-1.0", "csd-1.0"},
+        "pld-1.0", "logitspec-0.0", "csd-0.0", "spectr-1.0", "csd-1.0", "specinfer-1.0"},
     "test_plan.py::test_decode_without_a_plan_is_a_deterministic_tuner_s_generate": {"sd"},
     # Each case compiles and measures its method: the default run keeps one method of each kind
-    # at T=1 (a draft chain, a tree, retrieval, SSD) and a tree under top_p; the cascade's coupled
+    # at T=1 (a draft chain, a tree: EAGLE's, retrieval, SSD) and a tree under top_p; the cascade's coupled
     # decoding stays in the default run through test_decode_in_a_user_jit_equals_generate_without_a_plan.
     "test_coupling.py::test_every_method_at_its_defaults_gives_coupled_ar_tokens": {
-        "bv-t1", "spectr-t1", "gbv-t1", "logitspec-t1", "csd-t1", "sd-t07-p09", "bv-t07-p09", "specinfer-t07-p09",
+        "bv-t1", "specinfer-t1", "spectr-t1", "gbv-t1", "logitspec-t1", "csd-t1", "sd-t07-p09", "bv-t07-p09", "specinfer-t07-p09",
         "spectr-t07-p09", "pld-t07-p09", "logitspec-t07-p09", "csd-t07-p09", "ssd-t07-p09"},
     "test_coupling.py::test_decode_in_a_user_jit_equals_generate_without_a_plan": {"sd"},
     "test_coupling.py::test_a_draft_equal_to_the_target_is_always_accepted": {"gbv"},

@@ -196,7 +196,6 @@ class EagleParts:
                        accepted=accepted, next_token=next_token, drafted=drafted,
                        draft_forwards=jnp.asarray(depth - 1, jnp.int32))
 
-
     # ------------------------------------------------------------ adaptive speculation's fallback
 
     def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
