@@ -194,7 +194,7 @@ def eagle3_to_head(src: str, target: ModelConfig, feature_layers: tuple[int, ...
         _set(params, path, array[None] if path[0] == "layers" else array)
     params["draft_to_target"] = _draft_to_target(tensors, names, draft_vocab, vocab)
     if "embed_tokens.weight" in names:
-        check_tensor_shape("embed_tokens.weight", tensors[names["embed_tokens.weight"]].shape, (vocab, d))
+        check_tensor_shape("embed_tokens.weight", tensors.shape(names["embed_tokens.weight"]), (vocab, d))
     known = {name for name, _, _ in _rows()} | set(VOCAB_TENSORS) | set(DROPPED)
     unexpected = sorted(n for n in names if n not in known)
     if unexpected:

@@ -39,6 +39,10 @@ class LazyTensors(Mapping[str, np.ndarray]):
         except OSError as err:
             raise CheckpointError(f"cannot read tensor {name!r} from {path}: {err}") from None
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """A tensor's shape, from its file's header (no data read)."""
+        return self._file(self._files_by_name[name]).tensors[name].shape
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._files_by_name)
 

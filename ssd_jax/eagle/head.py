@@ -104,9 +104,9 @@ class HeadConfig:
             if mine != theirs:
                 raise InputError(f"this head was trained for a target with {field}={mine!r}; "
                                  f"the target has {field}={theirs!r}")
-        if self.style == "eagle3" and self.layer_config(target_config).hidden_size != target_config.hidden_size:
-            raise InputError(f"this eagle3 head's layer has hidden_size "
-                             f"{self.layer_config(target_config).hidden_size}, the target "
+        width = self.layer_config(target_config).hidden_size
+        if self.style == "eagle3" and width != target_config.hidden_size:
+            raise InputError(f"this eagle3 head's layer has hidden_size {width}, the target "
                              f"{target_config.hidden_size}; heads of another width are not supported")
 
     def layer_config(self, target_config: ModelConfig) -> ModelConfig:
@@ -170,10 +170,6 @@ class EagleHead:
     def dtype(self):
         return self.params["fuse"]["kernel"].dtype
 
-    def astype(self, dtype) -> "EagleHead":
-        """The head with its floating-point params cast to dtype (the draft-to-target ids stay int32)."""
-        return self.with_params(cast_floats(self.params, dtype))
-
     def with_params(self, params: dict) -> "EagleHead":
         return dataclasses.replace(self, params=params)
 
@@ -202,9 +198,9 @@ def check_draft_vocab(ids, vocab_size: int) -> None:
     if bad.size:
         raise InputError(f"draft vocabulary maps to token id(s) {bad[:5].tolist()} outside the target's "
                          f"vocabulary of {vocab_size}")
-    if np.unique(ids).size != ids.size:
-        raise InputError(f"draft vocabulary maps {ids.size - np.unique(ids).size} row(s) to a target token "
-                         f"another row has")
+    repeated = ids.size - np.unique(ids).size
+    if repeated:
+        raise InputError(f"draft vocabulary maps {repeated} row(s) to a target token another row has")
 
 
 def head_param_shapes(config: HeadConfig, target_config: ModelConfig) -> dict:
