@@ -118,9 +118,11 @@ def test_summaries_best_fixed_auto_ratio_goals_and_readme_table():
 def test_ssd_projection_model_and_its_check_against_measured_runs():
     from benchmarks import ssd_regimes
 
-    latency = dict(verify=4.0, build=3.0, fallback=2.0)
-    assert ssd_regimes.split_step(latency, 0.75, 0.5) == pytest.approx(4.0 + 0.25 * 2.0 + 0.5)
-    assert ssd_regimes.colocated_step(latency, 0.75, 0.5) == pytest.approx(4.0 + 3.0 + 0.25 * 2.0 + 0.5)
+    latency = dict(verify=4.0, build=3.0, select=0.25, fallback=2.0)
+    assert ssd_regimes.ssd_step(latency, 0.75, 0.5, colocated=False) == pytest.approx(4.0 + 0.25 + 0.25 * 2.0)
+    assert ssd_regimes.ssd_step(latency, 0.75, 0.5, colocated=True) == pytest.approx(4.0 + 3.0 + 0.25 + 0.25 * 2.0)
+    # the host's work overlaps the devices': it sets the pace only where it is the larger
+    assert ssd_regimes.ssd_step(latency, 0.75, 9.0, colocated=True) == pytest.approx(9.0)
     part = dict(regime="1/20", batch_size=1, runs=[dict(temperature=0.0, ssd_colocated_predicted_step_ms=8.0,
                                                         ssd_measured_step_ms=8.8)])
     previous = dict(runs=[dict(method="ssd", setup="two_devices", label="ssd-geom", temperature=1.0, colocated=False,

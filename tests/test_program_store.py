@@ -175,17 +175,17 @@ def test_an_entry_whose_bytes_changed_is_dropped_unrun(store, monkeypatch):
     """Bytes of the executable flipped inside an entry that still unpickles (a bad disk): run, such
     a copy crashed the process (SIGSEGV, SIGILL) on every later run; its sha256 no longer matches,
     so it is dropped and the program compiled again."""
-    from ssd_jax.ssd.steps import select_q
+    from ssd_jax.ssd.steps import emitted_tokens
 
-    args = (np.zeros((1, 3, 2, 39), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
+    args = (np.zeros((1, 39), np.int32), np.zeros((1,), np.int32), np.ones((1,), np.int32))
     key = (("flipped",), signature(args), ())
-    program_store.Entry.save(program_store.entry(select_q, key), jax.jit(select_q).lower(*args).compile())
+    program_store.Entry.save(program_store.entry(emitted_tokens, key), jax.jit(emitted_tokens).lower(*args).compile())
     (name,) = _kept(store)
     path = os.path.join(store, name)
     with open(path, "rb") as f:
         stored = pickle.load(f)
     assert stored["digest"] == program_store._digest(stored["executable"])
-    assert program_store.entry(select_q, key).load() is not None   # intact: loads
+    assert program_store.entry(emitted_tokens, key).load() is not None   # intact: loads
     flipped = bytearray(stored["executable"])
     flipped[len(flipped) // 2] ^= 0xFF
     with open(path, "wb") as f:
@@ -194,7 +194,7 @@ def test_an_entry_whose_bytes_changed_is_dropped_unrun(store, monkeypatch):
 
     deserialized = []
     monkeypatch.setattr(serialize_executable, "deserialize_and_load", lambda *a, **k: deserialized.append(a))
-    assert program_store.entry(select_q, key).load() is None and _kept(store) == []
+    assert program_store.entry(emitted_tokens, key).load() is None and _kept(store) == []
     assert deserialized == []   # never handed to XLA
 
 
@@ -203,17 +203,17 @@ def test_an_executable_jax_hands_back_without_compiling_is_not_kept(store):
     it, or under another key) gets JAX's earlier executable back without a compile; if that one was
     read from JAX's persistent cache it has no code, and a later process that loaded a copy of it
     would fail ("Function ... not found"), so only what JAX compiled in the call is kept."""
-    from ssd_jax.ssd.steps import select_q
+    from ssd_jax.ssd.steps import emitted_tokens
 
-    args = (np.zeros((1, 3, 2, 37), np.float32), np.zeros((1,), np.int32), np.ones((1,), bool), None)
+    args = (np.zeros((1, 37), np.int32), np.zeros((1,), np.int32), np.ones((1,), np.int32))
     sig = signature(args)
 
     def compile_it():
-        return jax.jit(select_q).lower(*args).compile()
+        return jax.jit(emitted_tokens).lower(*args).compile()
 
-    program_store.load_or_compile(select_q, (("first",), sig, ()), compile_it)
+    program_store.load_or_compile(emitted_tokens, (("first",), sig, ()), compile_it)
     kept = _kept(store)   # the first compile's, unless JAX's persistent cache held the program already
-    program_store.load_or_compile(select_q, (("second",), sig, ()), compile_it)
+    program_store.load_or_compile(emitted_tokens, (("second",), sig, ()), compile_it)
     assert _kept(store) == kept   # JAX's executable from the first call: not compiled here
 
 

@@ -161,6 +161,49 @@ def test_a_sink_gets_copies_it_may_change(models, prompts, reference):
     assert out.tokens == reference.tokens and got == out.tokens
 
 
+def test_host_queues_each_step_before_reading_the_one_before(models, prompts, monkeypatch):
+    """The host loop queues step s+1 before it reads step s (so its work overlaps the devices'),
+    and stops queueing ahead once no row surely needs another step. A step queued for rows that
+    all ended at an EOS meanwhile changes nothing: tokens, finish reasons and every counter equal
+    those of the loop reading each step before queueing the next."""
+    import ssd_jax.ssd.host_loop as ssd_engine
+
+    target, draft = models
+    # One row ending at an EOS well before max_new_tokens: the step queued ahead of that read is for no row.
+    alone = ssd_jax.generate(target, prompts[:1], max_new_tokens=40).tokens[0]
+    eos = next(t for i, t in enumerate(alone) if i >= 8 and t not in alone[:i])
+    with_eos = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=(eos,)))
+    events: list[str] = []
+    original_dispatch, original_absorb = ssd_engine._Decode.dispatch_step, ssd_engine._Decode.absorb
+
+    def dispatch(self, *args):
+        events.append("D")
+        return original_dispatch(self, *args)
+
+    def absorb(self, flight):
+        events.append("a" if self.done.all() else "A")   # "a": queued for rows that had all ended
+        return original_absorb(self, flight)
+
+    monkeypatch.setattr(ssd_engine._Decode, "dispatch_step", dispatch)
+    monkeypatch.setattr(ssd_engine._Decode, "absorb", absorb)
+    method = ssd_jax.SSD(draft_len=3)
+    calls = ((target, prompts), (with_eos, prompts[:1]))
+    ahead = [ssd_jax.generate(model, rows, max_new_tokens=40, method=method, draft=draft) for model, rows in calls]
+    sequence = "".join(events)
+    assert sequence.startswith("DDADA") and "AA" in sequence   # ahead, then reading out at a call's end
+    assert "a" in sequence and events.count("D") == events.count("A") + events.count("a")
+    events.clear()
+    monkeypatch.setattr(ssd_engine._Decode, "surely_continues", lambda self, unread: False)
+    reading = [ssd_jax.generate(model, rows, max_new_tokens=40, method=method, draft=draft) for model, rows in calls]
+    assert "DD" not in "".join(events)
+    for a, r in zip(ahead, reading):
+        assert a.tokens == r.tokens and a.finish_reasons == r.finish_reasons
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "target_calls", "ssd_steps",
+                    "accepted_per_position", "cache_lookups", "outcomes_by_accepted_length"):
+            assert a.stats[key] == r.stats[key], key
+    assert ahead[1].finish_reasons == ["eos"] and len(ahead[1].tokens[0]) < 30
+
+
 # ---------------------------------------------------------------------------------- draft_len="auto"
 
 SWITCHES = {"never": lambda self: False, "after-one-step": lambda self: self.seen >= 1,
@@ -194,7 +237,8 @@ def test_auto_greedy_equals_autoregressive_and_streams(models, prompts, referenc
     if switch == "never":
         assert out.stats["switched_to_plain_at_step"] is None and out.stats["ar_fallback_share"] == 0
     if switch == "after-one-step":
-        assert out.stats["switched_to_plain_at_step"] == 1 and out.stats["ssd_steps"] == 1
+        # the step queued before the first was read finishes first (SSD's host loop runs a step ahead)
+        assert out.stats["switched_to_plain_at_step"] == 2 and out.stats["ssd_steps"] == 2
         assert out.stats["ar_fallback_share"] > 0.5
         # its plain chunks (16 steps, compiled by the plain step's measurement) timed the plain step
         assert all(seconds > 0 for runs in tuner.ssd.plain_runs.values() for seconds in runs)
@@ -231,8 +275,9 @@ def test_ssd_resumed_after_plain_stretches_keeps_autoregressive_tokens(models, p
     out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=3),
                            draft=draft, stream=sink if streaming else None, **sampling)
     assert out.tokens == reference.tokens and (got == out.tokens or not streaming)
-    assert out.stats["ssd_resumed"] == ssd_auto.MAX_RESUMES and out.stats["switched_to_plain_at_step"] == 1
-    assert out.stats["ssd_steps"] == 1 + ssd_auto.MAX_RESUMES
+    # Each SSD stretch runs two steps: the one read and the one queued ahead of that read.
+    assert out.stats["ssd_resumed"] == ssd_auto.MAX_RESUMES and out.stats["switched_to_plain_at_step"] == 2
+    assert out.stats["ssd_steps"] == 2 * (1 + ssd_auto.MAX_RESUMES)
 
 
 def test_resuming_needs_the_reads_to_predict_a_cheaper_token():
@@ -302,9 +347,9 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
         assert out.tokens == reference.tokens and (got == out.tokens or not streaming)
         return out.stats["switched_to_plain_at_step"], out.stats["ssd_steps"]
 
-    assert call() == (1, 1)                      # measured slower after one step
+    assert call() == (2, 2)                      # measured slower after one step (and the one queued ahead)
     assert [call() for _ in range(2)] == [(0, 0), (0, 0)]
-    assert call() == (1, 1)                      # the probe: SSD again
+    assert call() == (2, 2)                      # the probe: SSD again
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
     monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 0.5)
     assert call() == (0, 0)
@@ -315,29 +360,30 @@ def test_auto_remembers_that_ssd_was_slower(models, prompts, reference, monkeypa
     assert second[0] is None and second[1] > 1
 
 
-def test_switch_times_the_lookup_and_fallback_drafting_of_each_step(models, prompts, reference, monkeypatch):
-    """The seconds the switch records per step run from the previous step's record, so they hold
-    `next_speculation` (the cache lookup and the fallback drafting of missed rows, on SSD's
-    critical path): with 30 ms added there, every recorded step takes at least 30 ms. (Timed from
-    the verify's dispatch only, SSD at T=1 read 0.64-0.74 of plain decoding's cost per token
+def test_switch_times_each_step_from_read_to_read(models, prompts, reference, monkeypatch):
+    """The seconds the switch records per step run from the previous step's read to its own, so
+    they hold all of the host's work between them (queueing the next step: its cache lookup and
+    fallback drafting are device programs now, but the host's dispatching is SSD's cost too):
+    with 30 ms added to each step's queueing, every recorded step takes at least 30 ms. (Timed
+    from the verify's dispatch only, SSD at T=1 read 0.64-0.74 of plain decoding's cost per token
     where its calls ran at 0.9-1.0x AR.)"""
     import ssd_jax.ssd.host_loop as ssd_engine
 
     target, draft = models
     recorded: list[float] = []
-    original_record, original_next = ssd_auto.PlainSwitch.record, ssd_engine._Decode.next_speculation
+    original_record, original_dispatch = ssd_auto.PlainSwitch.record, ssd_engine._Decode.dispatch_step
 
     def record(self, seconds, *args, **kwargs):
         recorded.append(seconds)
         return original_record(self, seconds, *args, **kwargs)
 
-    def slow_next(self, *args):
+    def slow_dispatch(self, *args):
         time.sleep(0.03)
-        return original_next(self, *args)
+        return original_dispatch(self, *args)
 
     monkeypatch.setattr(ssd_auto.PlainSwitch, "record", record)
     monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
-    monkeypatch.setattr(ssd_engine._Decode, "next_speculation", slow_next)
+    monkeypatch.setattr(ssd_engine._Decode, "dispatch_step", slow_dispatch)
     out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
                            draft=draft)
     assert out.tokens == reference.tokens
@@ -1252,13 +1298,18 @@ def test_sampled_law_with_the_switch_to_plain_decoding(tiny_models, monkeypatch)
 
 def test_sampled_law_with_ssd_resumed_after_plain_stretches(tiny_models, monkeypatch):
     """SSD switching to plain after its first step and resuming after a one-token plain stretch:
-    the law over 4 tokens (SSD steps before and after the stretch) is still the target's."""
+    the law over 4 tokens (SSD steps before and after the stretch) is still the target's. The host
+    reads each step before queueing the next here, so that 4 tokens hold both SSD stretches (the
+    step queued ahead keeps the tokens: test_ssd_resumed_after_plain_stretches_keeps_autoregressive_tokens)."""
+    import ssd_jax.ssd.host_loop as ssd_engine
+
     target, draft = tiny_models
     _resuming(monkeypatch, chunk=1)
+    monkeypatch.setattr(ssd_engine._Decode, "surely_continues", lambda self, unread: False)
     sampling = SamplingParams(temperature=1.0)
     prompt = [0, 2, 1]
     freq, stats = _empirical(target, draft, prompt, sampling, dict(num_draft_tokens="auto", max_draft_len=1), new=4)
-    assert stats["ssd_resumed"] >= 1 and stats["ssd_steps"] >= 2, {k: stats.get(k) for k in ("ssd_resumed", "ssd_steps", "switched_to_plain_at_step", "planned_draft_len", "adaptive")}
+    assert stats["ssd_resumed"] >= 1 and stats["ssd_steps"] >= 2
     assert _consistent(freq, _exact_law(target, prompt, sampling, new=4))
 
 

@@ -8,8 +8,8 @@ L draft forwards, measured on the program's recent calls; one target step before
 once a call was judged, the acceptance its batch's pace over its SSD steps implies
 (`pace_acceptance`).
 
-SSD's loop is host-driven and already waits on every verification, so the decision costs nothing
-extra: after each step the loop adds the step's seconds and the batch's pace (the tokens the
+SSD's loop is host-driven and reads every step's report anyway (a step behind the devices), so
+the decision costs nothing extra: after each step's read the loop adds the step's seconds and the batch's pace (the tokens the
 running row furthest behind gained) to decayed sums (not the first WARMUP_STEPS steps, nor a
 step that compiled); once MIN_STEPS steps were judged, if
 
@@ -18,8 +18,8 @@ step that compiled); once MIN_STEPS steps were judged, if
 (SSD's tokens at the batch's pace over the call, `PlainSwitch.pace`: the window's slowest row
 lags by chance more than a call's does; the ratio's log weighed against the program's recent
 calls', `PlainSwitch.slower_than_plain`; a program's first call weighs its pace against the
-pair's remembered acceptance instead, `PlainSwitch.cost_ratio`), the loop finishes the call with
-`ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps, after each of which the
+pair's remembered acceptance instead, `PlainSwitch.cost_ratio`), the loop lets the step it queued ahead finish and decodes the
+rest of the call with `ssd_steps.target_plain`: jitted chunks of PLAIN_CHUNK target steps, after each of which the
 draft reads the chunk (`ssd_steps.draft_read`: it catches up, and says how often its speculation
 would have been accepted there); where that acceptance predicts SSD a token RESUME_MARGIN cheaper
 than plain decoding at the call's mean SSD step time (`ReadAcceptance.resume_pays`), SSD resumes, at

@@ -2,15 +2,22 @@
 its device group, the draft predicts the verification outcomes on its own group and drafts the
 next speculation for each of them, so that on a hit the next verify starts with no drafting.
 
-The host loop, one iteration per verification step s (programs in `ssd_jax.ssd.steps`):
-  1. dispatch `target_verify(cur, d_s, q_s)` on the target group          (asynchronous)
-  2. dispatch `draft_build(cur, d_s)` on the draft group: the speculation cache
-     {(j, t): next L tokens + their q} for the fan-out's candidate outcomes  (asynchronous)
-  3. block on the verify outcome only: (k, t, appended, done), four int32 per row;
-  4. fetch the cache's candidate tokens and look each row's outcome (k, t) up: a hit takes the
-     cached speculation; if any row missed, the fallback ("jit": the draft model drafts from the
-     new root; "ngram": prompt lookup) drafts every row in one call and the rows that missed take
-     its speculation. The next speculation's q moves from the draft group to the target group.
+Each verification step s queues three programs (in `ssd_jax.ssd.steps`) and waits for none:
+  1. `draft_build(cur, d_s)` on the draft group: the speculation cache {(j, t): next L tokens +
+     their q} for the fan-out's candidate outcomes;
+  2. `target_verify(cur, d_s, q_s)` on the target group: the outcome (k, t, appended, done);
+  3. `select_next` on the draft group, after both: each row's outcome looked up in the cache; a
+     hit takes the cached speculation; if any row missed, the fallback ("jit": the draft model
+     drafts from the new root; "ngram": prompt lookup) drafts every row in one call (under
+     lax.cond) and the rows that missed take its speculation. The next speculation (cur, d, q)
+     moves to the target group, and step s+1 reads it there.
+The host reads step s's report (outcome, hits, emitted tokens: one small array) only after
+queueing step s+1, so that its work (streaming, the counts, the fan-out estimate, the switch of
+draft_len="auto", and dispatching itself: ~0.5 ms per program on CPU) overlaps the devices'
+instead of lying between one verify and the next. It queues a step ahead only where some row
+surely needs it (more than L+1 tokens to go after the steps it has not read); a step queued for
+rows that all ended at an EOS meanwhile changes nothing. The fan-out of step s+1's cache is
+therefore estimated from the steps up to s-1.
 Both models' caches stay consistent after hits and misses: the target commits cur + accepted
 tokens; the draft commits cur + d[:k], whose K/V its build already wrote. The target verifies
 exactly (greedy at temperature 0, tokenwise rejection sampling otherwise) whichever speculation it
@@ -21,7 +28,7 @@ With colocated groups (one device) the build and the verify run one after the ot
 say so (`colocated`). `sync_timing=True` (benchmarks) waits for every program alone, to measure
 each one's latency; it removes the overlap.
 
-Concurrency. The draft group's build is dispatched from its own thread, the target's verify from
+Concurrency. The draft group's programs are dispatched from their own thread, the target's verify from
 the calling thread. On GPU/TPU each device runs its queue independently, so the two programs
 overlap under plain asynchronous dispatch. XLA:CPU orders every asynchronously dispatched
 single-device program after the previously enqueued one, whichever device it is on (the PjRt
@@ -34,6 +41,7 @@ on different cores (benchmarks/bench_ssd.py measures both). The stats report the
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import time
@@ -96,6 +104,15 @@ class SSDPlan:
         return self.capacity + self.num_draft_tokens + 2
 
 
+@dataclasses.dataclass(frozen=True)
+class Flight:
+    """A queued step, until the host reads it: its report (`ssd_steps.select_next`, int32
+    [B, INFO_EMITTED + L + 1], on the draft group) and the fan-out F_0..F_L its cache was built with."""
+
+    report: jax.Array
+    fanout: np.ndarray
+
+
 class _Decode:
     """One SSD decode: the two groups' states and the host-side loop state (module docstring).
 
@@ -150,9 +167,10 @@ class _Decode:
         if plan.fallback == "jit":
             self.fallback = functools.partial(steps.fallback_model, dcfg=dcfg, num_draft_tokens=length, **drafting)
         else:
-            ngram = functools.partial(steps.fallback_ngram, sampling=sampling, target_vocab=vocab,
-                                      num_draft_tokens=length)
-            self.fallback = lambda dparams, state, emitted, n_adv, root, fanout, step: ngram(state, emitted, n_adv)
+            self.fallback = functools.partial(steps.ngram_fallback, sampling=sampling, target_vocab=vocab,
+                                              num_draft_tokens=length)
+        self.select = functools.partial(steps.select_next, fallback=self.fallback, num_draft_tokens=length,
+                                        target_vocab=vocab)
         self.keys = row_keys(key, b, sampling)
         eos = np.array(target.config.eos_token_ids or (-1,), np.int32)
         prompt = (jnp.asarray(batch.tokens), jnp.asarray(batch.lengths))
@@ -162,21 +180,26 @@ class _Decode:
         # The draft group's programs are dispatched from their own thread: on CPU with
         # jax_cpu_enable_async_dispatch=False each program runs in the thread that dispatches it,
         # so the two groups compute at once (module docstring).
-        split = self.tgroup.devices != self.dgroup.devices
-        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ssd-draft") if split and not sync_timing else None
+        self.colocated = self.tgroup.devices == self.dgroup.devices
+        self.worker = (ThreadPoolExecutor(1, thread_name_prefix="ssd-draft") if not self.colocated and not sync_timing
+                       else None)
         self.rows = np.arange(b)
-        self.produced = np.zeros((b,), np.int64)   # tokens appended to each row's output
+        self.produced = np.zeros((b,), np.int64)   # tokens appended to each row's output (steps read so far)
+        self.dispatched = 0   # steps queued
+        # The draft's catch-up, on the host until the first step (then on the draft group).
         self.emitted = np.zeros((b, length + 1), np.int32)
         self.n_adv = np.zeros((b,), np.int32)
         self.q = None
 
-    def timed(self, field: str, fn):
-        """Runs fn; in sync-timing mode waits for its outputs and records its latency."""
+    def timed(self, field, fn):
+        """Runs fn; in sync-timing mode waits for its outputs and records its latency under field
+        (a name, or a callable naming it from the outputs)."""
         if not self.sync_timing:
             return fn()
         start, compile_start = time.perf_counter(), self.run.compile_s
         out = jax.block_until_ready(fn())
-        self.tally.sync[field].append(time.perf_counter() - start - (self.run.compile_s - compile_start))
+        seconds = time.perf_counter() - start - (self.run.compile_s - compile_start)
+        self.tally.sync[field(out) if callable(field) else field].append(seconds)
         return out
 
     def start(self) -> None:
@@ -208,13 +231,13 @@ class _Decode:
                 plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior, prior_steps=prior_steps,
                 prior_pace=ssd_auto.prior_pace(self.prior_acceptance, self.plan.num_draft_tokens))
             self.measure_s = time.perf_counter() - start - (self.run.compile_s - compile_start)
-        # A step's seconds for the switch run from the previous step's record, so that they hold
-        # the lookup and the fallback drafting of missed rows (`next_speculation`), which is on
-        # SSD's critical path: timed from the verify's dispatch only, SSD at T=1 read 0.64-0.74 of
-        # plain decoding's cost per token where whole calls ran at 0.9-1.0x AR.
+        # A step's seconds for the switch run from the previous step's read to its own, so that
+        # they hold all of its work, the lookup and the fallback drafting of missed rows included:
+        # timed from the verify's dispatch only, SSD at T=1 read 0.64-0.74 of plain decoding's
+        # cost per token where whole calls ran at 0.9-1.0x AR.
         self.step_mark = (time.perf_counter(), self.run.compile_s, self.sink_s)
         if not self.done.all():
-            self.drafted, self.q = self.draft_fallback(self.cur)
+            self.restart(self.cur)
 
     def timing_state(self) -> dict:
         """The target state after prefill with no row's end in sight (max_new at the output
@@ -247,8 +270,8 @@ class _Decode:
                          else (f"ssd_target_plain_{self.plain_chunk}", self.plain))
         return self.run(name, program, self.tgroup, self.tparams, state, cur, np.int32(step), donate=(1,))
 
-    def plain_stretch(self, cur: np.ndarray) -> bool:
-        """Decodes plainly from the root cur (the switch found SSD slower): chunk by chunk while SSD
+    def plain_stretch(self, cur) -> bool:
+        """Decodes plainly from the root cur int32 [B] (on the target group; the switch found SSD slower): chunk by chunk while SSD
         may resume (`resumable`), the draft reading each chunk (`ssd_steps.draft_read`), until the
         reads predict that SSD pays again (`ssd_auto.ReadAcceptance`); then the fallback drafts
         the next speculation and True is returned. Otherwise to the end of the call (False): in
@@ -276,15 +299,16 @@ class _Decode:
             self.dstate, agreement = self.run(
                 "ssd_draft_read", self.read, self.dgroup, self.dparams, self.dstate, self.emitted, self.n_adv, root,
                 np.asarray(emitted), np.asarray(chosen), appended.astype(np.int32), donate=(1,))
-            self.emitted, self.n_adv = np.zeros_like(self.emitted), np.zeros_like(self.n_adv)
+            self.emitted = np.zeros((self.rows.size, length + 1), np.int32)
+            self.n_adv = np.zeros((self.rows.size,), np.int32)
             root = np.asarray(cur)
             reads.add(np.asarray(agreement), appended)
             pace = reads.resume_pays(~self.done, length, self.switch.judged_step_s(), self.switch.plain_step_s)
             if pace is not None and self.resumable():
                 self.resumes += 1
-                self.step, self.cur = step, root
+                self.step = step
                 self.switch.resume(pace)
-                self.drafted, self.q = self.draft_fallback(self.cur)
+                self.restart(root)
                 self.step_mark = (time.perf_counter(), self.run.compile_s, self.sink_s)
                 return True
         return False
@@ -299,113 +323,132 @@ class _Decode:
                 and ssd_auto.may_resume(self.switch.judged_step_s(), self.switch.plain_step_s,
                                         self.plan.num_draft_tokens))
 
-    def draft_fallback(self, root: np.ndarray):
-        """The fallback's speculation for every row (tokens on the host, q on the draft group)."""
+    def draft_fallback(self, root):
+        """The fallback's speculation for every row from root int32 [B] (a new cur): (tokens int32
+        [B, L], q or None), both on the draft group."""
         with Stopwatch(self.tally, "fallback", self.run):
             tokens, q = self.timed("fallback_s", lambda: self.run(
                 "ssd_fallback_" + self.plan.fallback, self.fallback, self.dgroup, self.dparams, self.dstate,
                 self.emitted, self.n_adv, root, self.layout.fanout, np.int32(self.step)))
-            tokens = np.asarray(tokens)
         self.tally.fallback_calls += 1
         return tokens, q
 
-    def submit_build(self) -> Future:
-        """Step 2: the cache build for the outcomes of verifying (cur, drafted), dispatched from the
-        draft's own thread when the groups differ (after the first step, whose programs compile
-        first), else right here. Its result: (draft state, candidates [B, S, 1+L], q)."""
-        layout, dstate, emitted, n_adv, cur, drafted = (self.layout, self.dstate, self.emitted, self.n_adv, self.cur,
-                                                        self.drafted)
+    def restart(self, root: np.ndarray) -> None:
+        """The draft's side of a fresh start from root int32 [B] (after prefill, or SSD resuming
+        after a plain stretch the draft read): no catch-up pending, the fallback drafts the
+        speculation. Every array the next step reads is placed on its group."""
+        b, length = self.rows.size, self.plan.num_draft_tokens
+        self.cur = self.dgroup.put(np.asarray(root, np.int32))
+        self.emitted = self.dgroup.put(np.zeros((b, length + 1), np.int32))
+        self.n_adv = self.dgroup.put(np.zeros((b,), np.int32))
+        self.done_rows = self.dgroup.put(np.asarray(self.done, bool))
+        self.drafted, self.q = self.draft_fallback(self.cur)
 
-        def build():
-            return self.timed("build_s", lambda: self.run(
-                "ssd_build", self.build, self.dgroup, self.dparams, dstate, emitted, n_adv, cur, drafted,
-                layout.depth, layout.rank, layout.fanout, np.int32(self.step), donate=(1,)))
+    def to_target(self, x):
+        """x (a draft-group array, or None) on the target group."""
+        if x is None or self.colocated:
+            return x
+        return jax.device_put(x, self.tgroup.sharding_for(x))
 
-        if self.worker is not None and self.tally.steps > 0:
-            return self.worker.submit(build)
+    def on_draft(self, fn) -> Future:
+        """Runs fn, a dispatch of draft-group programs, from the draft's own thread when the
+        groups differ (after the first step, whose programs compile first), else right here."""
+        if self.worker is not None and self.dispatched > 0:
+            return self.worker.submit(fn)
         done: Future = Future()
-        done.set_result(build())
+        done.set_result(fn())
         return done
 
-    def dispatch_verify(self):
-        """Step 1: the target's verify of (cur, drafted). Returns (packed outcome, the q sent)."""
-        q = None if self.q is None else jax.device_put(self.q, self.tgroup.sharding_for(self.q))
+    def dispatch_step(self, observe=None) -> "Flight":
+        """Queues one verification step (module docstring: build, verify, lookup) without waiting
+        for it; the next step's speculation and the draft's catch-up stay on the devices."""
+        layout, step, was_done = self.layout, self.step, self.done_rows
+        cur, drafted, emitted, n_adv, dstate = self.cur, self.drafted, self.emitted, self.n_adv, self.dstate
+        built = self.on_draft(lambda: self.timed("build_s", lambda: self.run(
+            "ssd_build", self.build, self.dgroup, self.dparams, dstate, emitted, n_adv, cur, drafted,
+            layout.depth, layout.rank, layout.fanout, np.int32(step), donate=(1,))))
+        q_sent = self.to_target(self.q)
         self.tstate, packed = self.timed("verify_s", lambda: self.run(
-            "ssd_verify", self.verify, self.tgroup, self.tparams, self.tstate, self.cur, self.drafted, q,
-            np.int32(self.step), donate=(1,)))
-        return packed, q
+            "ssd_verify", self.verify, self.tgroup, self.tparams, self.tstate, self.to_target(cur),
+            self.to_target(drafted), q_sent, np.int32(step), donate=(1,)))
+        outcome = packed if self.colocated else jax.device_put(packed, self.dgroup.sharding_for(packed))
 
-    def collect_build(self, future: Future):
-        """Waits for the cache build; keeps the new draft state. Returns (candidates fetched to the
-        host: int32 [B, S, 1+L], q on the draft group or None)."""
-        with Stopwatch(self.tally, "wait_cache", self.run):
-            self.dstate, candidates, q = future.result()
-            candidates = np.asarray(candidates)
-        return candidates, q
+        def select():
+            new_dstate, candidates, spec_q = built.result()
+            out = self.timed(self.select_field, lambda: self.run(
+                "ssd_select", self.select, self.dgroup, self.dparams, new_dstate, outcome, candidates, spec_q,
+                drafted, was_done, layout.depth, layout.fanout, np.int32(step + 1)))
+            return (new_dstate, candidates, spec_q), out
 
-    def outcome(self, packed) -> tuple[np.ndarray, np.ndarray]:
-        """Step 3: waits for the verify outcome; streams the emitted tokens; sets the catch-up."""
-        with Stopwatch(self.tally, "wait_verify", self.run):
-            packed = np.asarray(packed)
-        accepted = packed[:, steps.OUT_ACCEPTED]
-        next_token = packed[:, steps.OUT_NEXT].astype(np.int32)
-        j = np.arange(self.plan.num_draft_tokens + 1)[None, :]
-        padded = np.concatenate([self.drafted, np.zeros_like(self.drafted[:, :1])], axis=1)
-        self.emitted = np.where(j < accepted[:, None], padded,
-                                np.where(j == accepted[:, None], next_token[:, None], 0)).astype(np.int32)
-        self.emit(self.emitted, packed[:, steps.OUT_APPENDED])
-        self.produced += packed[:, steps.OUT_APPENDED]
-        self.n_adv = np.where(~self.done, accepted + 1, 0).astype(np.int32)
-        self.done = packed[:, steps.OUT_DONE].astype(bool)
-        return accepted, next_token
-
-    def next_speculation(self, cache, accepted: np.ndarray, next_token: np.ndarray) -> None:
-        """Step 4: looks every row's outcome up in the cache; the fallback drafts the misses."""
-        candidates, spec_q = cache
-        fork, tokens = candidates[:, :, 0], candidates[:, :, 1:]
-        match = (self.layout.depth[None, :] == accepted[:, None]) & (fork == next_token[:, None])
-        hit, slot = match.any(axis=1), match.argmax(axis=1).astype(np.int32)
-        live = ~self.done
-        self.tally.record(accepted[live], hit[live])
-        self.estimator.record(accepted[live], hit[live], self.layout.fanout)
-        self.layout = self.estimator.layout()
+        (self.dstate, candidates, spec_q), selected = self.on_draft(select).result()
+        self.cur, self.drafted, self.q, self.emitted, self.n_adv, self.done_rows, report = selected
+        if observe is not None and self.dispatched == 0:
+            observe(dict(target_params=self.tparams, target_state=self.tstate, draft_params=self.dparams,
+                         draft_state=self.dstate, cache=(candidates, spec_q), q=q_sent, target_group=self.tgroup,
+                         draft_group=self.dgroup))
+        self.dispatched += 1
         self.step += 1
-        self.cur, self.drafted = next_token, tokens[self.rows, slot]
-        missed = ~hit & live
-        fallback_q = None
+        return Flight(report=report, fanout=layout.fanout)
+
+    def select_field(self, selected) -> str:
+        """Where a sync-timing run files the lookup's latency: apart on steps that drafted misses."""
+        report = np.asarray(selected[-1])
+        return "select_miss_s" if report[:, steps.INFO_MISSED].any() else "select_s"
+
+    def surely_continues(self, unread: int) -> bool:
+        """Whether some row needs another step after the `unread` queued steps whatever they
+        accept: one with more than unread * (L+1) tokens to go (an EOS may still end it)."""
+        live = ~self.done
+        if not live.any():
+            return False
+        left = self.max_new_tokens - self.produced[live]
+        return int(np.max(left)) > unread * (self.plan.num_draft_tokens + 1)
+
+    def absorb(self, flight: "Flight") -> bool:
+        """Step 3 for a queued step: waits for its report; streams its tokens; counts its lookups;
+        feeds the fan-out estimate and the switch. Returns whether the switch finds SSD slower
+        than plain decoding."""
+        with Stopwatch(self.tally, "wait_steps", self.run):
+            report = np.asarray(flight.report)
+        accepted, appended = report[:, steps.OUT_ACCEPTED], report[:, steps.OUT_APPENDED]
+        hit, missed = report[:, steps.INFO_HIT].astype(bool), report[:, steps.INFO_MISSED].astype(bool)
+        was_live = ~self.done
+        if not was_live.any():
+            return False   # queued before the host knew every row had ended (at an EOS): a no-op
+        self.emit(report[:, steps.INFO_EMITTED:], appended)
+        self.produced += appended
+        self.done = report[:, steps.OUT_DONE].astype(bool)
+        live = ~self.done
+        self.tally.steps += 1
+        self.tally.record(accepted[live], hit[live])
+        self.estimator.record(accepted[live], hit[live], flight.fanout)
+        self.layout = self.estimator.layout()
         if missed.any():
-            fallback_tokens, fallback_q = self.draft_fallback(next_token)
-            self.drafted = np.where(missed[:, None], fallback_tokens, self.drafted).astype(np.int32)
+            self.tally.fallback_calls += 1
             self.tally.fallback_rows += int(missed.sum())
-        if spec_q is not None:
-            self.q = self.run("ssd_select_q", steps.select_q, self.dgroup, spec_q, slot, ~missed, fallback_q)
+        if self.switch is None or self.done.all():
+            return False
+        (mark_s, mark_compile_s, mark_sink_s), now = self.step_mark, time.perf_counter()
+        self.step_mark = (now, self.run.compile_s, self.sink_s)
+        self.switch.record(now - mark_s - (self.sink_s - mark_sink_s), accepted + 1, was_live,
+                           compiled=self.run.compile_s != mark_compile_s)
+        return self.switch.slower_than_plain()
 
     def loop(self, observe=None) -> None:
-        while not self.done.all():
-            live = ~self.done
-            future = self.submit_build()
-            packed, q = self.dispatch_verify()
-            accepted, next_token = self.outcome(packed)
-            self.tally.build_ready += future.done() and future.result()[1].is_ready()
-            if observe is not None and self.tally.steps == 0:
-                _, candidates, spec_q = future.result()
-                observe(dict(target_params=self.tparams, target_state=self.tstate, draft_params=self.dparams,
-                             draft_state=future.result()[0], cache=(candidates, spec_q), q=q,
-                             target_group=self.tgroup, draft_group=self.dgroup))
-            cache = self.collect_build(future)
-            self.tally.steps += 1
-            if self.done.all():
-                break
-            if self.switch is not None:
-                (mark_s, mark_compile_s, mark_sink_s), now = self.step_mark, time.perf_counter()
-                self.step_mark = (now, self.run.compile_s, self.sink_s)
-                self.switch.record(now - mark_s - (self.sink_s - mark_sink_s), accepted + 1, live,
-                                   compiled=self.run.compile_s != mark_compile_s)
-                if self.switch.slower_than_plain():
-                    if self.plain_stretch(next_token):
-                        continue   # SSD resumed, its next speculation drafted by the fallback
-                    break
-            self.next_speculation(cache, accepted, next_token)
+        """Queues each step before reading the one before it (module docstring)."""
+        flights: collections.deque = collections.deque()
+        while True:
+            if not self.done.all() and (not flights or (len(flights) < 2 and self.surely_continues(len(flights)))):
+                flights.append(self.dispatch_step(observe))
+                continue
+            if not flights:
+                return
+            if not self.absorb(flights.popleft()):
+                continue
+            while flights:   # the step queued ahead is SSD's too: it finishes before the switch
+                self.absorb(flights.popleft())
+            if self.done.all() or not self.plain_stretch(self.to_target(self.cur)):
+                return
 
     def remember_verdict(self, call_s: float) -> None:
         """The call's verdict for the next calls of its program (`ssd_auto.remember`), "auto" with

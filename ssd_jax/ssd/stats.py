@@ -1,5 +1,5 @@
 """Host-side bookkeeping of an SSD decode: cache hits per outcome depth, fallbacks, and where the
-wall time went (waiting on the target's verify, on the draft's cache build, on fallback drafts)."""
+wall time went (waiting on the steps' reports, on fallback drafts)."""
 
 from __future__ import annotations
 
@@ -15,29 +15,27 @@ class SSDTally:
 
     outcomes[k] / hits[k]: row-steps whose verification accepted k draft tokens / whose outcome
     (k, t) was in the speculation cache. fallback_calls: fallback drafts run (one per step with a
-    miss, covering every row); fallback_rows: rows that used one. build_ready: steps whose cache
-    build had already finished when the verify outcome arrived (the build was fully hidden).
-    wait_verify / wait_cache / fallback: host seconds blocked on the verify outcome, on the cache
-    (after the outcome), and on fallback drafts. In sync-timing mode, verify_s / build_s /
-    fallback_s hold each program's own latency (each dispatch is waited for alone).
+    miss, covering every row, and one at each start from a fresh root); fallback_rows: rows whose
+    outcome missed. wait_steps / fallback: host seconds blocked on the steps' reports and on the
+    fallback drafts of fresh starts. In sync-timing mode, verify_s / build_s / fallback_s hold each
+    program's own latency (each dispatch is waited for alone), select_s the cache lookup's on
+    steps where every row hit and select_miss_s its latency where a miss was drafted.
     """
 
     length: int
     outcomes: np.ndarray = None
     hits: np.ndarray = None
     steps: int = 0
-    build_ready: int = 0
     fallback_calls: int = 0
     fallback_rows: int = 0
-    wait_verify: float = 0.0
-    wait_cache: float = 0.0
+    wait_steps: float = 0.0
     fallback: float = 0.0
     sync: dict = None
 
     def __post_init__(self):
         self.outcomes = np.zeros(self.length + 1, np.int64)
         self.hits = np.zeros(self.length + 1, np.int64)
-        self.sync = dict(verify_s=[], build_s=[], fallback_s=[])
+        self.sync = dict(verify_s=[], build_s=[], fallback_s=[], select_s=[], select_miss_s=[])
 
     def record(self, accepted: np.ndarray, hit: np.ndarray) -> None:
         """One step's lookups: accepted int [R], hit bool [R] for the rows still running."""
@@ -53,13 +51,11 @@ class SSDTally:
             hit_rate_by_accepted_length=by_length,
             outcomes_by_accepted_length=self.outcomes.tolist(),
             ssd_steps=self.steps,
-            build_hidden_rate=self.build_ready / self.steps if self.steps else 0.0,
             fallback_calls=self.fallback_calls,
             fallback_rows=self.fallback_rows,
-            time_waiting_verify_s=self.wait_verify,
-            time_building_cache_s=self.wait_cache,
+            time_waiting_steps_s=self.wait_steps,
             time_fallback_drafting_s=self.fallback,
-            time_host_s=max(0.0, wall - self.wait_verify - self.wait_cache - self.fallback),
+            time_host_s=max(0.0, wall - self.wait_steps - self.fallback),
         )
         if any(self.sync.values()):
             out["latency_s"] = {name: float(np.mean(v)) if v else None for name, v in self.sync.items()}

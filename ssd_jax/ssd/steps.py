@@ -1,8 +1,9 @@
 """The device programs of SSD (speculative speculative decoding), one jit-able function each.
 
 Target group: `target_prefill`, `target_verify`, `target_plain`. Draft group: `draft_prefill`, `draft_build`
-(the speculation cache), `fallback_model` / `fallback_ngram` (a next speculation on a miss),
-`select_q`, `draft_read` (the draft catching up on a stretch decoded plainly). The host loop in `ssd_jax.ssd.host_loop` dispatches them asynchronously.
+(the speculation cache), `select_next` (the cache lookup: the next speculation, drafted by
+`fallback_model` / `fallback_ngram` on a miss), `draft_read` (the draft catching up on a stretch
+decoded plainly). The host loop in `ssd_jax.ssd.host_loop` dispatches them asynchronously.
 
 Invariants at the top of step s, per row (P = target cache length):
 - target cache: every emitted token but the last, `cur` (at position P);
@@ -102,11 +103,11 @@ def target_verify(tparams, state, cur, drafted, q, step, *, tcfg: ModelConfig, s
     result = jax.vmap(lambda k, d, qq, pp: verifier(k, d[None], qq[None], pp[None]))(keys, drafted, q, p)
     accepted, next_token = result.num_accepted[:, 0], result.next_token[:, 0]
     cache = commit(cache, jnp.where(active, accepted + 1, 0))
-    j = jnp.arange(length + 1)[None, :]
-    padded = jnp.concatenate([drafted, jnp.zeros_like(drafted[:, :1])], axis=1)
-    emitted = jnp.where(j < accepted[:, None], padded, jnp.where(j == accepted[:, None], next_token[:, None], 0))
+    emitted = emitted_tokens(drafted, accepted, next_token)
     outputs, appended = append(outputs, emitted, accepted + 1, state["max_new"], state["eos"])
-    counters = state["counters"].record(active, accepted)
+    # A verify dispatched ahead of the host's knowing that every row had ended (at an EOS) counts nothing.
+    counters = jax.tree.map(lambda new, old: jnp.where(jnp.any(active), new, old),
+                            state["counters"].record(active, accepted), state["counters"])
     # A row whose cache could not take another step ends with reason "length".
     outputs = stop_rows(outputs, cache.lengths + length + 1 > capacity)
     state = dict(state, cache=cache, outputs=outputs, counters=counters)
@@ -285,12 +286,68 @@ def fallback_ngram(state, emitted, n_adv, *, sampling: SamplingParams, target_vo
     return tokens, jax.nn.one_hot(tokens, target_vocab, dtype=jnp.float32)
 
 
-def select_q(q, slot, hit, fallback_q):
-    """The q of the next speculation per row: cache slot `slot`'s where hit, else the fallback's.
+def ngram_fallback(dparams, state, emitted, n_adv, root, fanout, step, **options):
+    """`fallback_ngram` with `fallback_model`'s arguments (it reads neither the draft's weights,
+    the root, which ends its context, the fan-out nor the step)."""
+    del dparams, root, fanout, step
+    return fallback_ngram(state, emitted, n_adv, **options)
 
-    q float32 [B, S, L, V]; slot int32 [B]; hit bool [B]; fallback_q float32 [B, L, V], or None
-    when no row missed. Returns float32 [B, L, V]."""
-    chosen = q[jnp.arange(q.shape[0]), slot]
-    if fallback_q is None:
-        return chosen
-    return jnp.where(hit[:, None, None], chosen, fallback_q)
+
+# Columns of the per-step report `select_next` hands the host (after the verify's OUT_* columns).
+INFO_HIT, INFO_MISSED = 4, 5
+INFO_EMITTED = 6   # then the L+1 emitted tokens
+
+
+def emitted_tokens(drafted, accepted, next_token):
+    """What a verification emitted per row: d[:k], then t, then zeros. drafted int32 [B, L];
+    accepted, next_token int32 [B]. Returns int32 [B, L+1]."""
+    j = jnp.arange(drafted.shape[1] + 1)[None, :]
+    padded = jnp.concatenate([drafted, jnp.zeros_like(drafted[:, :1])], axis=1)
+    return jnp.where(j < accepted[:, None], padded, jnp.where(j == accepted[:, None], next_token[:, None], 0))
+
+
+def select_next(dparams, state, packed, candidates, spec_q, drafted, was_done, slot_depth, fanout, step, *,
+                fallback, num_draft_tokens: int, target_vocab: int):
+    """Step 4, on the draft group and without the host: the next speculation of every row.
+
+    packed int32 [B, 4]: the verify's outcome (OUT_* columns), moved to this group; candidates
+    int32 [B, S, 1+L] and spec_q float32 [B, S, L, V] (None at temperature 0): the cache that
+    `draft_build` made for that verify (state: its draft state); drafted int32 [B, L]: the
+    speculation verified; was_done bool [B]: the rows done before it; slot_depth int32 [S],
+    fanout int32 [L+1]: the cache's layout; step int32 []: the next step's index.
+    A row whose outcome (k, t) the cache holds takes that slot's speculation. If any live row
+    missed, `fallback(dparams, state, emitted, n_adv, root, fanout, step)` drafts every row from
+    its new root t (one call, under lax.cond: a step where every row hit skips it) and the rows
+    that missed take its speculation.
+    Returns (cur int32 [B], drafted int32 [B, L], q float32 [B, L, V] or None, emitted int32
+    [B, L+1] and n_adv int32 [B]: the draft's catch-up, done bool [B], report int32
+    [B, INFO_EMITTED + L + 1]: packed, hit, missed, emitted; one array, so the host reads a
+    step in one transfer)."""
+    accepted, next_token = packed[:, OUT_ACCEPTED], packed[:, OUT_NEXT]
+    done = packed[:, OUT_DONE].astype(bool)
+    emitted = emitted_tokens(drafted, accepted, next_token).astype(jnp.int32)
+    n_adv = jnp.where(was_done, 0, accepted + 1).astype(jnp.int32)
+    fork, tokens = candidates[:, :, 0], candidates[:, :, 1:]
+    match = (slot_depth[None, :] == accepted[:, None]) & (fork == next_token[:, None])
+    hit, slot = jnp.any(match, axis=1), jnp.argmax(match, axis=1)
+    rows = jnp.arange(drafted.shape[0])
+    missed = ~hit & ~done
+    b = drafted.shape[0]
+    with_q = spec_q is not None
+
+    def fallback_draft():
+        out_tokens, out_q = fallback(dparams, state, emitted, n_adv, next_token, fanout, step)
+        return (out_tokens.astype(jnp.int32), out_q) if with_q else (out_tokens.astype(jnp.int32), None)
+
+    def no_draft():
+        q_zero = jnp.zeros((b, num_draft_tokens, target_vocab), jnp.float32) if with_q else None
+        return jnp.zeros((b, num_draft_tokens), jnp.int32), q_zero
+
+    fallback_tokens, fallback_q = jax.lax.cond(jnp.any(missed), fallback_draft, no_draft)
+    next_drafted = jnp.where(missed[:, None], fallback_tokens, tokens[rows, slot]).astype(jnp.int32)
+    next_q = None
+    if with_q:
+        next_q = jnp.where(missed[:, None, None], fallback_q, spec_q[rows, slot])
+    report = jnp.concatenate([packed.astype(jnp.int32), hit[:, None].astype(jnp.int32),
+                              missed[:, None].astype(jnp.int32), emitted], axis=1)
+    return next_token.astype(jnp.int32), next_drafted, next_q, emitted, n_adv, done, report
