@@ -1165,9 +1165,37 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
     for method in (ssd_jax.LogitSpec(draft_len=8, tree_size=16), ssd_jax.SpecInfer(draft_len=4, paths=2)):
         fixed = make_parts(method, target, draft, SamplingParams(), 64, 128)
         assert target_capacity(fixed, 64, 128) == 64 + 128 + fixed.room + 2
-        # Under the adaptive loop, which decodes plainly while a tree lacks room:
-        gated = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=tree_plan)
-        assert target_capacity(gated, 64, 128) == 64 + 128
+        # Under the adaptive loop, which decodes plainly while a tree lacks room (SpecInfer) or
+        # keeps the tree's nodes that have a slot (LogitSpec):
+        adaptive = make_parts(method, target, draft, SamplingParams(), 64, 128, plan=tree_plan)
+        assert target_capacity(adaptive, 64, 128) == 64 + 128
+
+
+# Speculation cheaper than a plain step: the loop never decodes plainly by choice.
+SPECULATION_PAYS = np.asarray([1.0, 0.5, 0.0, 0.9, 0.0], np.float32)
+
+
+@pytest.mark.parametrize("costs, rows, gated", [(SPECULATION_PAYS, 1, True), (ALWAYS_SPECULATE, 1, False),
+                                                (SPECULATION_PAYS, 2, False)],
+                         ids=["one-row", "forced", "two-rows"])
+def test_logitspec_auto_verifies_a_tree_only_where_it_retrieved(models, costs, rows, gated):
+    """At one row under "auto", a LogitSpec step whose root branch retrieved nothing runs as a
+    plain step, counted with the plain ones; the prompt repeats no token, so its first steps
+    retrieve nothing, and the text the model writes soon repeats. Under a forced cap (the
+    calibration's timing of a tree's verification) and at two rows every step verifies its tree.
+    The tokens are AR's either way."""
+    target, _ = models
+    target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
+    prompts = [list(range(3, 43))] * rows
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=32)
+    out = _decode(target, target, prompts, ssd_jax.LogitSpec(draft_len="auto", tree_size=8), costs, SamplingParams(),
+                  row_keys(None, rows), 32, draft_len=4)
+    assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
+    counters = jax.device_get(out.counters["spec"])
+    plain, verified = int(counters.ar_steps.max()), int(counters.cap_steps.sum())
+    assert plain + verified == int(counters.target_calls) - 1   # every step after the prefill is one or the other
+    assert verified > 0 and int(counters.num_drafts.max()) == verified
+    assert (plain > 0) == gated
 
 
 @pytest.mark.parametrize("method", [ssd_jax.SD(draft_len="auto"), ssd_jax.PLD(draft_len="auto"),
@@ -1178,9 +1206,10 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
 def test_speculation_up_to_the_end_of_a_cache_without_room(models, method):
     """The target's cache has no slot past prompt + outputs under "auto", and every step it can
     speculates up to 8 tokens (the draft is the target, the prompts repeat). A chain's last drafts
-    reach past the cache, their writes dropped; a tree decodes plainly once a row lacks its room.
-    The output is still AR's to the last token, ending on max_new_tokens (a query that read a
-    dropped slot, or a row stopped for want of room, fails)."""
+    reach past the cache, their writes dropped; LogitSpec's tree keeps the nodes with a slot; a
+    SpecInfer tree decodes plainly once a row lacks its room. The output is still AR's to the
+    last token, ending on max_new_tokens (a query that read a dropped slot, or a row stopped for
+    want of room, fails)."""
     target, _ = models
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     prompts = [[3 + i % 50 for i in range(64)], [9, 2, 9, 2, 9, 2]]
@@ -1191,5 +1220,5 @@ def test_speculation_up_to_the_end_of_a_cache_without_room(models, method):
     assert np.all(np.asarray(out.finish_reason) == 2)   # "length": max_new_tokens, not the cache
     counters = jax.device_get(out.counters["spec"])
     assert counters.num_drafted.sum() / counters.num_drafts.sum() > 2   # long drafts, to the last step
-    trees = method.name in ("logitspec", "specinfer")
-    assert (counters.ar_steps.max() > 0) == trees   # plain steps only where a tree lacked room
+    room_gated = method.name == "specinfer"
+    assert (counters.ar_steps.max() > 0) == room_gated   # plain steps only where a tree lacked room

@@ -49,6 +49,11 @@ def test_shadow_counts_only_positions_the_block_shows():
     # counted. Row 2 drafted nothing: a miss at position 1.
     assert reached.tolist() == [[1, 1, 0], [1, 1, 0], [1, 0, 0]]
     assert hit.tolist() == [[1, 1, 0], [1, 0, 0], [0, 0, 0]]
+    # Rows left out (a gated step would not have verified their trees) count nothing.
+    reached, hit = shadow_counts(tokens, valid, parents, emitted, jnp.asarray([2, 2, 2]), draft_len=3,
+                                 counted=jnp.asarray([True, False, False]))
+    assert reached.tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 0]]
+    assert hit.tolist() == [[1, 1, 0], [0, 0, 0], [0, 0, 0]]
 
 
 def test_shadow_depth_has_the_law_of_the_verified_accepted_count():

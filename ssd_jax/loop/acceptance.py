@@ -149,11 +149,12 @@ def position_counts(verdict, active: jax.Array, draft_len: int) -> tuple[jax.Arr
     and the first k - 1 were accepted). A row that proposed nothing (retrieval that found no
     match, a draft unsure of its first token) counts as reaching 1 and missing there: its step
     emitted one token at a speculative step's cost, and a model that took it for no evidence
-    would keep speculating where most steps propose nothing."""
+    would keep speculating where most steps propose nothing. A gated step that ran as a plain
+    one (`Verdict.verified` False) counts nothing: it cost a plain step."""
     k = jnp.arange(1, draft_len + 1, dtype=jnp.int32)[None, :]
     drafted = verdict.drafted if verdict.drafted is not None else jnp.full_like(verdict.accepted, draft_len)
     accepted = verdict.accepted[:, None]
-    rows = active[:, None]
+    rows = active[:, None] if verdict.verified is None else (active & verdict.verified)[:, None]
     reached = rows & ((drafted[:, None] >= k) | (k == 1)) & (accepted >= k - 1)
     hit = rows & (accepted >= k)
     return reached.astype(jnp.float32), hit.astype(jnp.float32)

@@ -233,6 +233,12 @@ class LoopConfig:
         return 0.0 if self.shadows else Z
 
     @property
+    def gated(self) -> bool:
+        """Whether a speculative step with nothing worth verifying runs as a plain one
+        (`AdaptiveParts.gates`; not under a forced cap, which times the verification)."""
+        return self.parts.gates(self.batch)
+
+    @property
     def batch_caps_with_model(self) -> bool:
         """Whether a batch of rows caps its drafts with a model (SD, BV and CSD at batch > 1)."""
         return self.batch > 1 and self.takes_cap and not self.shadows
@@ -481,14 +487,19 @@ def speculative_step(c: LoopConfig, x: LoopInputs, s: AdaptiveState, width: int 
     active = ~d.outputs.done
     cap = s.cap
     keys = step_keys(c.sampling, x.keys, d.step)
-    if not c.takes_cap:
+    if c.gated:
+        verdict = parts.step(d, keys, active, gate=~x.forced)
+    elif not c.takes_cap:
         verdict = parts.step(d, keys, active)
     elif width is None:
         verdict = parts.step(d, keys, active, cap=cap)
     else:
         verdict = parts.step(d, keys, active, cap=cap, width=width)
     d = advance(parts, d, verdict, active, x.max_new, x.eos_ids, drafted=True)
-    d = d.replace(counters=d.counters.record_cap(cap if c.takes_cap else jnp.asarray(c.draft_len, jnp.int32)))
+    recorded_cap = cap if c.takes_cap else jnp.asarray(c.draft_len, jnp.int32)
+    if verdict.verified is not None:   # a gated step run plainly (one past L: not recorded)
+        recorded_cap = jnp.where(verdict.verified, recorded_cap, c.draft_len + 1)
+    d = d.replace(counters=d.counters.record_cap(recorded_cap))
     reached, hit = position_counts(verdict, active, c.draft_len)
     share = forward_share(c, s, verdict)
     return learn(c, s.replace(decode=d, spec_steps=s.spec_steps + 1, forward_share=share), reached, hit)
@@ -565,7 +576,9 @@ def plain(c: LoopConfig, x: LoopInputs, s: AdaptiveState, count: int) -> Adaptiv
     """A block of `count` plain steps, then what it teaches: nothing before the draft's scored
     catch-up (`scored` parts); for retrieval, the draft a speculative step would have verified at
     the block's start walked with the block's tokens (one speculative step's worth of evidence per
-    block, `ssd_jax.loop.shadow`), then a new choice; else whether speculation pays now."""
+    block, `ssd_jax.loop.shadow`; none from a gated row whose draft retrieved nothing, which a
+    speculative step would not have verified), then a new choice; else whether speculation pays
+    now."""
     if c.scored:
         return repeated(functools.partial(plain_step, c, x), s, count)
     if not c.shadows:
@@ -575,7 +588,8 @@ def plain(c: LoopConfig, x: LoopInputs, s: AdaptiveState, count: int) -> Adaptiv
     s = repeated(functools.partial(plain_step, c, x), s, count)
     slots = jnp.minimum(start_len[:, None] + jnp.arange(count)[None, :], s.pending.shape[1] - 1)
     emitted = jnp.take_along_axis(s.pending, slots, axis=1)
-    counts = shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, c.draft_len)
+    counted = c.parts.retrieved(valid) if c.gated else None
+    counts = shadow_counts(tree_tokens, valid, parents, emitted, s.pending_len - start_len, c.draft_len, counted)
     return decide(c, x, learn(c, s, *counts))
 
 

@@ -121,6 +121,10 @@ class CascadeParts:
         widest = self.verify_caps[-1]
         return tuple(n for n in self.verify_caps if n > 1 and (n == widest or widest - n > 1))
 
+    def gates(self, batch: int) -> bool:
+        """Never: a step's cap already verifies only what the cascade drafted."""
+        return False
+
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
              width: int | None = None) -> Verdict:
         """One cascade step; cap int32 []: the most draft tokens the target verifies (`takes_cap`:

@@ -106,6 +106,9 @@ class EagleParts:
     def dispatch_caps(self, batch: int) -> None:
         return None
 
+    def gates(self, batch: int) -> bool:
+        return False
+
     @property
     def counter_width(self) -> int:
         return self.draft_len

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ssd_jax.backend import policy_for
 from ssd_jax.coupling import decision_logits
 from ssd_jax.draft.logitspec import logitspec_tree
 from ssd_jax.draft.ngram import append_tokens
@@ -52,8 +53,11 @@ class RetrievalParts:
     length; prompt_size / out_size: static buffer sizes. pending_width: > 0 under adaptive
     speculation (plain-decoding steps between speculative ones; nothing to resync, since
     retrieval keeps no draft model state). capped: PLD under "auto", each step's copy cut at the
-    loop's cap and verified at the narrowest compiled width holding it (`takes_cap`). inner
-    state: dict(context int32 [B, C], context_len int32 [B], last_logits float32 [B, V])."""
+    loop's cap and verified at the narrowest compiled width holding it (`takes_cap`). auto_tree:
+    LogitSpec under "auto": a step at one row verifies its tree only where its root branch
+    retrieved something (`gates`), and every step's tree keeps the nodes the target's cache has
+    room for (`trims_to_room`). inner state: dict(context int32 [B, C], context_len int32 [B],
+    last_logits float32 [B, V])."""
 
     method: object
     draft_len: int
@@ -64,6 +68,7 @@ class RetrievalParts:
     out_size: int
     pending_width: int = 0
     capped: bool = False
+    auto_tree: bool = False
 
     @property
     def takes_cap(self) -> bool:
@@ -84,6 +89,35 @@ class RetrievalParts:
         if not self.takes_cap or batch < 2 or len(self.verify_caps) == 1:
             return None
         return with_one(self.verify_caps)
+
+    def gates(self, batch: int) -> bool:
+        """Whether `step(gate=)` runs a step whose root branch retrieved nothing as a plain one:
+        LogitSpec under "auto" at one row, where the backend lets a step switch (CPU, TPU). Its
+        tree then holds only the last logit's guesses at the next token, which the target took
+        at 0-8% of such positions of held-out code and repetition at T=0, 14-15% of their
+        positions (`benchmarks/logitspec_outcomes.py`), so a plain step makes nearly the same
+        tokens for less than a tree's verification. At several rows a step verifies the tree
+        wherever one row retrieved something, and a switch per step would copy the KV caches
+        through the conditional for the rare step where none did."""
+        return (self.auto_tree and batch == 1 and self.method.name == "logitspec"
+                and policy_for(self.tparams).adaptive_switch_per_step)
+
+    @property
+    def trims_to_room(self) -> bool:
+        """Whether a step drops the tree nodes past the end of the target's cache (node j writes
+        slot lengths + j), so a tree step runs in any room and the cache needs none past the
+        prompt and the outputs (`ssd_jax.loop.skeleton.target_capacity`): LogitSpec under
+        "auto". Its nodes come root branch first, so the nodes kept hold every ancestor of each
+        (an exact walk over any such tree keeps the target's law), and the root branch's first
+        r nodes, all a row with r tokens left can keep. Without it a tree lacking room decoded
+        plainly, a call's last N - 1 tokens: on a held-out prose prompt (128 tokens, an 8-node
+        tree) 27-29 target calls where trimmed trees make 23."""
+        return self.auto_tree
+
+    def retrieved(self, valid: jax.Array) -> jax.Array:
+        """bool [B]: the rows whose tree (valid bool [B, N]) holds a retrieved root branch, what a
+        gated step verifies (`gates`)."""
+        return jnp.any(valid[:, 1:1 + self.layout.lengths[0]], axis=1)
 
     @functools.cached_property
     def layout(self) -> TreeLayout:
@@ -128,12 +162,37 @@ class RetrievalParts:
                               max_ngram=m.max_ngram)
 
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
-             width: int | None = None) -> Verdict:
+             width: int | None = None, gate: jax.Array | None = None) -> Verdict:
         """One speculative step; cap int32 []: the most tokens a row's copy keeps (`takes_cap`);
         width: the compiled cap (one of `dispatch_caps`, >= cap) the chain is verified at, None:
-        chosen per step."""
+        chosen per step; gate bool [] (`gates`; None: never): whether a LogitSpec tree whose root
+        branch retrieved nothing runs as a plain step (the loop's calibration, which times a
+        tree's verification, passes False). The choice reads only the context, so each row's
+        verdict stays exact."""
         if self.method.name == "pld":
             return self._chain_step(state, keys, active, cap, width)
+        tree_tokens, valid = self._draft_tree(state.inner)
+        if self.trims_to_room:
+            room = state.tcache.capacity - state.tcache.lengths
+            valid = valid & (jnp.arange(self.layout.num_nodes)[None, :] < room[:, None])
+        if gate is None:
+            return self._tree_step(state, keys, active, tree_tokens, valid)
+        verifies = ~gate | jnp.any(active & self.retrieved(valid))
+        return jax.lax.cond(verifies, lambda: self._tree_step(state, keys, active, tree_tokens, valid, gated=True),
+                            lambda: self._as_plain_step(state, keys, active))
+
+    def _as_plain_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
+        """A gated step that found nothing to verify: a plain step in a speculative step's form."""
+        verdict = self.ar_step(state, keys, active)
+        b = keys.shape[0]
+        return verdict.replace(chosen=jnp.zeros((b, self.layout.max_depth), jnp.int32),
+                               accepted=jnp.zeros((b,), jnp.int32), drafted=jnp.zeros((b,), jnp.int32),
+                               token_law=None, verified=jnp.zeros((), bool))
+
+    def _tree_step(self, state: DecodeState, keys: jax.Array, active: jax.Array, tree_tokens: jax.Array,
+                   valid: jax.Array, gated: bool = False) -> Verdict:
+        """A LogitSpec step verifying its tree (tree_tokens int32 [B, N], valid bool [B, N]) in one
+        target forward; gated: the verdict says it verified (`Verdict.verified`)."""
         layout, inner, tcache = self.layout, state.inner, state.tcache
         b, n_nodes = keys.shape[0], layout.num_nodes
         rows = jnp.arange(b)
@@ -141,7 +200,6 @@ class RetrievalParts:
         parents = np.asarray(layout.parents)
         greedy = self.sampling.by_argmax
 
-        tree_tokens, valid = self._draft_tree(inner)
         tree_mask = jnp.broadcast_to(jnp.asarray(layout.mask()), (b, n_nodes, n_nodes))
         node_positions = position[:, None] + jnp.asarray(layout.depth())[None, :]
         logits, tcache = forward_cached(self.tparams, self.tcfg, tree_tokens, node_positions, tcache,
@@ -154,8 +212,9 @@ class RetrievalParts:
 
         tcache = compact_path(tcache, nodes, jnp.where(active, accepted + 1, 0))
         path_tokens = jnp.take_along_axis(tree_tokens, nodes[:, 1:], axis=1)
-        return self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
-                             jnp.sum(valid, axis=1) - 1, active)
+        verdict = self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
+                                jnp.sum(valid, axis=1) - 1, active)
+        return verdict.replace(verified=jnp.ones((), bool)) if gated else verdict
 
     def _scores(self, logits: jax.Array, keys: jax.Array, positions: jax.Array) -> jax.Array:
         """What the point-mass walk reads of the target's logits [B, N, V] at nodes whose tokens'
@@ -259,4 +318,5 @@ def retrieval_parts(method, tparams: dict, tcfg: ModelConfig, sampling: Sampling
     return RetrievalParts(method=method, draft_len=plan.draft_len if plan is not None else method.draft_len,
                           tparams=tparams, tcfg=tcfg, sampling=sampling, prompt_size=prompt_width,
                           out_size=out_size, pending_width=pending_width(plan),
-                          capped=plan is not None and plan.capped)
+                          capped=plan is not None and plan.capped,
+                          auto_tree=plan is not None and method.name == "logitspec")

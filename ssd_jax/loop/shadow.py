@@ -48,16 +48,21 @@ def matched_depth(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray,
 
 
 def shadow_counts(tree_tokens: jax.Array, valid: jax.Array, parents: np.ndarray, emitted: jax.Array,
-                  emitted_len: jax.Array, draft_len: int) -> tuple[jax.Array, jax.Array]:
+                  emitted_len: jax.Array, draft_len: int,
+                  counted: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(reached, accepted) float32 [B, draft_len]: the per-position counts
     (`ssd_jax.loop.acceptance.position_counts`) of a speculative step whose draft was the
     tree (arguments as `matched_depth`), over the positions whose outcome the block shows, k <=
     emitted_len: a row that drew K tokens and matched all K reached K + 1 with its outcome unknown.
-    A row whose tree holds no draft counts as reaching 1 and missing there, as in a real step."""
+    A row whose tree holds no draft counts as reaching 1 and missing there, as in a real step.
+    counted bool [B] (None: every row): the rows whose speculative step would have verified its
+    tree; the rest count nothing (a gated step would have run as a plain one)."""
     depth = matched_depth(tree_tokens, valid, parents, emitted, emitted_len)
     drafted = jnp.sum(valid, axis=1) - 1
     k = jnp.arange(1, draft_len + 1, dtype=jnp.int32)[None, :]
     known = k <= emitted_len[:, None]
+    if counted is not None:
+        known = known & counted[:, None]
     reached = known & ((drafted[:, None] >= k) | (k == 1)) & (depth[:, None] >= k - 1)
     hit = known & (depth[:, None] >= k)
     return reached.astype(jnp.float32), hit.astype(jnp.float32)

@@ -15,6 +15,7 @@ argmaxes of logits perturbed by noise keyed by r and the position, and need no o
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Protocol
 
 import jax
@@ -57,7 +58,9 @@ class Verdict:
     drafted int32 [B] tokens proposed, or None for `counter_width` per row; draft_forwards int32
     []: the draft forwards the step ran after its catch-up (adaptive speculation's cost input);
     token_law float32 [B]: a plain step's probability of next_token under the target's law, from
-    parts whose resync scores the draft (`ssd_jax.loop.shadow.chain_counts`), else None."""
+    parts whose resync scores the draft (`ssd_jax.loop.shadow.chain_counts`), else None;
+    verified bool []: whether a gated step (`AdaptiveParts.gates`) verified its draft or, finding
+    nothing worth verifying, ran as a plain step; None: a step that always verifies."""
 
     tcache: KVCache
     inner: Any
@@ -67,6 +70,7 @@ class Verdict:
     drafted: jax.Array | None = None
     draft_forwards: jax.Array | None = None
     token_law: jax.Array | None = None
+    verified: jax.Array | None = None
 
 
 class Parts(Protocol):
@@ -114,6 +118,8 @@ class AdaptiveParts(Parts, Protocol):
     verify_caps: the draft lengths verification is compiled for (ascending, the last L);
     dispatch_caps(batch): the caps the loop compiles one step for and picks once per run of steps
         at the same cap (`step(width=)`), or None where each step picks its own width;
+    gates(batch): whether `step(gate=)` runs a step whose draft holds nothing worth verifying as a
+        plain one (`Verdict.verified`): it then costs a plain step and teaches the loop nothing;
     learns_while_plain: whether plain steps record their tokens' target probabilities
         (`Verdict.token_law`) and the draft scores itself on them when it catches up
         (`scored_resync`);
@@ -138,8 +144,10 @@ class AdaptiveParts(Parts, Protocol):
 
     def dispatch_caps(self, batch: int) -> tuple[int, ...] | None: ...
 
+    def gates(self, batch: int) -> bool: ...
+
     def step(self, state: DecodeState, keys: jax.Array, active: jax.Array, cap: jax.Array | None = None,
-             width: int | None = None) -> Verdict: ...
+             width: int | None = None, gate: jax.Array | None = None) -> Verdict: ...
 
     def ar_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict: ...
 
@@ -219,8 +227,8 @@ def target_capacity(parts: Parts, prompt_width: int, out_size: int) -> int:
     prompt + out_size. Writes past the cache are dropped (`ssd_jax.models.kv_cache`) and only the
     queries past the last kept token see the loss. A tree writes node j at slot lengths + j
     whatever its depth, so it needs the room, or (`room_gated`) a loop that decodes plainly while
-    a running row lacks it."""
-    if parts.chain_writes or room_gated(parts):
+    a running row lacks it, or (`trims_to_room`) steps that keep only the nodes with a slot."""
+    if parts.chain_writes or room_gated(parts) or trims_to_room(parts):
         return min(parts.capacity, prompt_width + out_size)
     return min(parts.capacity, prompt_width + out_size + parts.room + 2)
 
@@ -232,16 +240,23 @@ def room_gated(parts: Parts) -> bool:
     with `keeps_room` (EAGLE) keep the room instead: there a row's steps would depend on the
     prompt's padding (a row shorter than the batch's widest prompt has room to the end), and a
     call's tokens at T > 0 on how it was padded."""
-    return not parts.chain_writes and parts.pending_width > 0 and not getattr(parts, "keeps_room", False)
+    return (not parts.chain_writes and parts.pending_width > 0 and not getattr(parts, "keeps_room", False)
+            and not trims_to_room(parts))
+
+
+def trims_to_room(parts: Parts) -> bool:
+    """Whether the parts' tree steps drop the nodes past the end of the target's cache, so they
+    run in any room (LogitSpec under "auto": `RetrievalParts.trims_to_room`)."""
+    return bool(getattr(parts, "trims_to_room", False))
 
 
 def step_room(parts: Parts, outputs: Outputs, max_new: jax.Array) -> jax.Array | int:
     """Slots a running row needs past its committed text for the loop's next step: a chain's
-    room, at most the tokens the row may still emit; a gated tree's plain step's one; else the
-    room (int32 [B] or int)."""
+    room, at most the tokens the row may still emit; a gated tree's plain step's one, as a
+    trimmed tree's root's; else the room (int32 [B] or int)."""
     if parts.chain_writes:
         return jnp.minimum(parts.room, max_new - outputs.num_out)
-    return 1 if room_gated(parts) else parts.room
+    return 1 if room_gated(parts) or trims_to_room(parts) else parts.room
 
 
 def start(parts: Parts, tparams: dict, tcfg: ModelConfig, tokens: jax.Array, lengths: jax.Array, keys: jax.Array,
@@ -268,7 +283,11 @@ def advance(parts: Parts, state: DecodeState, verdict: Verdict, active: jax.Arra
     outputs, _ = append(state.outputs, emitted, verdict.accepted + 1, max_new, eos_ids)
     counters = state.counters
     if drafted:
-        counters = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
+        recorded = counters.record(active, verdict.accepted, verdict.drafted, verdict.draft_forwards)
+        if verdict.verified is not None:   # a gated step that ran as a plain one counts as one
+            recorded = jax.tree.map(functools.partial(jnp.where, verdict.verified), recorded,
+                                    counters.record_ar_step(active))
+        counters = recorded
     else:
         counters = counters.record_ar_step(active)
     # A row whose cache could not take another step ends with reason "length".

@@ -146,6 +146,10 @@ class SpeculativeParts:
             return None
         return with_one(self.verify_caps)
 
+    def gates(self, batch: int) -> bool:
+        """Never: every step drafts with the model."""
+        return False
+
     @property
     def counter_width(self) -> int:
         return self.num_draft_tokens
