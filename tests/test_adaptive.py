@@ -1175,21 +1175,25 @@ def test_target_cache_leaves_out_the_drafts_lag(models):
 SPECULATION_PAYS = np.asarray([1.0, 0.5, 0.0, 0.9, 0.0], np.float32)
 
 
-@pytest.mark.parametrize("costs, rows, gated", [(SPECULATION_PAYS, 1, True), (ALWAYS_SPECULATE, 1, False),
-                                                (SPECULATION_PAYS, 2, False)],
-                         ids=["one-row", "forced", "two-rows"])
-def test_logitspec_auto_verifies_a_tree_only_where_it_retrieved(models, costs, rows, gated):
+@pytest.mark.parametrize("costs, rows, gated, temperature", [
+    (SPECULATION_PAYS, 1, True, 0.0), (SPECULATION_PAYS, 1, True, 1.0), (ALWAYS_SPECULATE, 1, False, 0.0),
+    (SPECULATION_PAYS, 2, False, 0.0)], ids=["one-row", "one-row-coupled-t1", "forced", "two-rows"])
+def test_logitspec_auto_verifies_a_tree_only_where_it_retrieved(models, costs, rows, gated, temperature):
     """At one row under "auto", a LogitSpec step whose root branch retrieved nothing runs as a
     plain step, counted with the plain ones; the prompt repeats no token, so its first steps
     retrieve nothing, and the text the model writes soon repeats. Under a forced cap (the
     calibration's timing of a tree's verification) and at two rows every step verifies its tree.
-    The tokens are AR's either way."""
+    The tokens are AR's either way: greedy, and at T=1 under the Gumbel coupling, where a plain
+    step drawing with another step's noise would differ."""
     target, _ = models
     target = dataclasses.replace(target, config=dataclasses.replace(target.config, eos_token_ids=()))
     prompts = [list(range(3, 43))] * rows
-    ar = ssd_jax.generate(target, prompts, max_new_tokens=32)
-    out = _decode(target, target, prompts, ssd_jax.LogitSpec(draft_len="auto", tree_size=8), costs, SamplingParams(),
-                  row_keys(None, rows), 32, draft_len=4)
+    key = jax.random.PRNGKey(3)
+    coupling = dict(temperature=temperature, coupling="gumbel") if temperature else {}
+    sampling = SamplingParams(**coupling)
+    ar = ssd_jax.generate(target, prompts, max_new_tokens=32, key=key, **coupling)
+    out = _decode(target, target, prompts, ssd_jax.LogitSpec(draft_len="auto", tree_size=8), costs, sampling,
+                  row_keys(key, rows, sampling), 32, draft_len=4)
     assert [row[:n].tolist() for row, n in zip(np.asarray(out.tokens), np.asarray(out.num_tokens))] == ar.tokens
     counters = jax.device_get(out.counters["spec"])
     plain, verified = int(counters.ar_steps.max()), int(counters.cap_steps.sum())
