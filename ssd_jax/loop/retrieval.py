@@ -99,8 +99,7 @@ class RetrievalParts:
         tokens for less than a tree's verification. At several rows a step verifies the tree
         wherever one row retrieved something, and a switch per step would copy the KV caches
         through the conditional for the rare step where none did."""
-        return (self.auto_tree and batch == 1 and self.method.name == "logitspec"
-                and policy_for(self.tparams).adaptive_switch_per_step)
+        return self.auto_tree and batch == 1 and policy_for(self.tparams).adaptive_switch_per_step
 
     @property
     def trims_to_room(self) -> bool:
@@ -178,8 +177,11 @@ class RetrievalParts:
         if gate is None:
             return self._tree_step(state, keys, active, tree_tokens, valid)
         verifies = ~gate | jnp.any(active & self.retrieved(valid))
-        return jax.lax.cond(verifies, lambda: self._tree_step(state, keys, active, tree_tokens, valid, gated=True),
-                            lambda: self._as_plain_step(state, keys, active))
+
+        def verified() -> Verdict:
+            return self._tree_step(state, keys, active, tree_tokens, valid).replace(verified=jnp.ones((), bool))
+
+        return jax.lax.cond(verifies, verified, lambda: self._as_plain_step(state, keys, active))
 
     def _as_plain_step(self, state: DecodeState, keys: jax.Array, active: jax.Array) -> Verdict:
         """A gated step that found nothing to verify: a plain step in a speculative step's form."""
@@ -190,9 +192,9 @@ class RetrievalParts:
                                token_law=None, verified=jnp.zeros((), bool))
 
     def _tree_step(self, state: DecodeState, keys: jax.Array, active: jax.Array, tree_tokens: jax.Array,
-                   valid: jax.Array, gated: bool = False) -> Verdict:
+                   valid: jax.Array) -> Verdict:
         """A LogitSpec step verifying its tree (tree_tokens int32 [B, N], valid bool [B, N]) in one
-        target forward; gated: the verdict says it verified (`Verdict.verified`)."""
+        target forward."""
         layout, inner, tcache = self.layout, state.inner, state.tcache
         b, n_nodes = keys.shape[0], layout.num_nodes
         rows = jnp.arange(b)
@@ -212,9 +214,8 @@ class RetrievalParts:
 
         tcache = compact_path(tcache, nodes, jnp.where(active, accepted + 1, 0))
         path_tokens = jnp.take_along_axis(tree_tokens, nodes[:, 1:], axis=1)
-        verdict = self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
-                                jnp.sum(valid, axis=1) - 1, active)
-        return verdict.replace(verified=jnp.ones((), bool)) if gated else verdict
+        return self._verdict(inner, tcache, path_tokens, accepted, next_token, logits[rows, nodes[rows, accepted]],
+                             jnp.sum(valid, axis=1) - 1, active)
 
     def _scores(self, logits: jax.Array, keys: jax.Array, positions: jax.Array) -> jax.Array:
         """What the point-mass walk reads of the target's logits [B, N, V] at nodes whose tokens'
