@@ -139,9 +139,12 @@ def calibrated_draft(tuner, draft, target_ms: float, ratio: int, batch: int, men
 # ------------------------------------------------------------------------------------ one part
 
 def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_set: int, new_tokens: int,
-             rounds: int, lengths, methods, retrieval, target_widening, draft_menu, dtype=None) -> dict:
+             rounds: int, lengths, methods, retrieval, target_widening, draft_menu, dtype=None,
+             set_names=SETS, draft_widening=None) -> dict:
     """One process's work: kind "draft" (the draft methods in regime 1/ratio) or "retrieval" (PLD
-    and LogitSpec, which use no draft); AR runs in both, so speed-ups compare within a process."""
+    and LogitSpec, which use no draft); AR runs in both, so speed-ups compare within a process.
+    set_names: the prompt sets run; draft_widening: the draft's widening as given (a rerun of a
+    part's cells with that part's draft) instead of calibrated against the ratio."""
     import ssd_jax
     from benchmarks.spec_harness import label, run_configs
     from ssd_jax.testing import widen
@@ -155,14 +158,21 @@ def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_s
                 target_widening=target_widening, target_params=wide_target.config.num_params, dtype=str(target.dtype),
                 target_step_ms=target_ms, started=time.strftime("%Y-%m-%d %H:%M:%S"))
     draft = None
-    if kind == "draft":
+    if kind == "draft" and draft_widening is not None:
+        widening = dict(draft_widening)
+        draft = widen(draft_small, **widening)
+        draft_ms = step_ms(tuner, draft, batch)
+        measured = draft_ms / target_ms
+    elif kind == "draft":
         draft, widening, draft_ms, measured = calibrated_draft(tuner, draft_small, target_ms, ratio, batch, draft_menu)
+    if kind == "draft":
         part.update(regime=regime_name(ratio), ratio=ratio, draft_widening=widening, draft_step_ms=draft_ms,
                     draft_params=draft.config.num_params, measured_ratio=measured)
         print(f"regime 1/{ratio}, batch {batch}: target {target_ms:.3f} ms, draft {widening} {draft_ms:.3f} ms "
               f"(measured 1/{1 / measured:.1f})", flush=True)
     configs = configurations(methods if kind == "draft" else retrieval, lengths)
-    sets = prompt_sets(target.tokenizer, per_set, batch)
+    sets = {name: prompts for name, prompts in prompt_sets(target.tokenizer, per_set, batch).items()
+            if name in set_names}
     part["prompts_per_set"] = {name: len(p) for name, p in sets.items()}
     part["sets"] = {}
     for name, prompts in sets.items():

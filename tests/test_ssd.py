@@ -834,6 +834,21 @@ def test_ssd_reads_the_acceptance_sd_s_calls_of_the_pair_measured(models, prompt
     assert seen["prior_pace"] == pytest.approx(ssd_auto.prior_pace(0.93, length))
 
 
+def test_a_call_s_verdict_is_kept_with_the_acceptance_its_ssd_steps_met(models, prompts, monkeypatch, tuner):
+    """What a later rise in the pair's acceptance is measured from (`acceptance_rose`) is the
+    acceptance the SSD call's own steps met, where its cost ratio was measured, not the pair's
+    memory before the call: after an SD call that read 0.93 where SSD's steps met 0.6, text at
+    0.93 must still read as a rise (1/5 cost regime, prose after code: SSD stayed plain where it
+    paid 1.35x AR)."""
+    target, draft = models
+    observed = iter([0.93, 0.6])
+    monkeypatch.setattr(cost_model, "acceptance_of", lambda accepted, rejected: next(observed))
+    ssd_jax.generate(target, prompts, max_new_tokens=24, method=ssd_jax.SD(), draft=draft)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=24, method=ssd_jax.SSD(max_draft_len=4), draft=draft)
+    (kept,) = tuner.ssd.verdict_acceptance.values()
+    assert kept == (pytest.approx(0.6), out.stats["planned_draft_len"])
+
+
 def test_ssd_s_step_overhead_lengthens_the_chosen_draft(monkeypatch, tuner):
     """SSD's own cost per step (measured on its calls, beyond the model's target(L+1) + L draft)
     makes longer drafts pay: at prices like the embedded pair's on CPU the model alone stops short

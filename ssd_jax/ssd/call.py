@@ -85,11 +85,16 @@ def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: Pr
     acceptance_key = pair_acceptance_key(target, draft, method, sampling)
     draft_len, costs, known = choose_length(tuner, method, target, draft, batch, max_new_tokens, verdict_key,
                                             acceptance_key)
-    ssd_auto.ran_at_acceptance(tuner.ssd, verdict_key, tuner.known_acceptance(acceptance_key), draft_len)
+    before = tuner.known_acceptance(acceptance_key)
     measure_s = time.perf_counter() - start
     out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=tuner.ssd,
                        verdict_key=verdict_key, prior_acceptance=known, **ssd_engine_options(method, draft_len))
     observed = cost_model.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
+    # What a later call's rise in acceptance is measured from (`ssd_auto.acceptance_rose`): the
+    # acceptance this call's SSD steps met, which its cost ratio was measured at, not the pair's
+    # memory before it (after one lucky SD call on code that read 0.93 where SSD's steps met less,
+    # prose at 0.99 predicted too small a gain to probe, and SSD stayed plain where it paid 1.35x).
+    ssd_auto.ran_at_acceptance(tuner.ssd, verdict_key, before if observed is None else observed, draft_len)
     tuner.remember_acceptance(acceptance_key, observed)
     ssd_auto.remember_hit_rate(tuner.ssd, verdict_key, out.stats.get("cache_hit_rate", 0.0),
                                out.stats.get("cache_lookups", 0))
