@@ -158,14 +158,15 @@ def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_s
                 target_widening=target_widening, target_params=wide_target.config.num_params, dtype=str(target.dtype),
                 target_step_ms=target_ms, started=time.strftime("%Y-%m-%d %H:%M:%S"))
     draft = None
-    if kind == "draft" and draft_widening is not None:
-        widening = dict(draft_widening)
-        draft = widen(draft_small, **widening)
-        draft_ms = step_ms(tuner, draft, batch)
-        measured = draft_ms / target_ms
-    elif kind == "draft":
-        draft, widening, draft_ms, measured = calibrated_draft(tuner, draft_small, target_ms, ratio, batch, draft_menu)
     if kind == "draft":
+        if draft_widening is None:
+            draft, widening, draft_ms, measured = calibrated_draft(tuner, draft_small, target_ms, ratio, batch,
+                                                                   draft_menu)
+        else:
+            widening = dict(draft_widening)
+            draft = widen(draft_small, **widening)
+            draft_ms = step_ms(tuner, draft, batch)
+            measured = draft_ms / target_ms
         part.update(regime=regime_name(ratio), ratio=ratio, draft_widening=widening, draft_step_ms=draft_ms,
                     draft_params=draft.config.num_params, measured_ratio=measured)
         print(f"regime 1/{ratio}, batch {batch}: target {target_ms:.3f} ms, draft {widening} {draft_ms:.3f} ms "
