@@ -96,7 +96,7 @@ def _totals(outs: list, walls: list[float], rounds: list[float], round_tokens: l
 # pace, and the pace over all their SSD steps: a process whose plain step read high kept
 # speculating where SSD lost (batch 4).
 SSD_TRACE_STATS = ("switched_to_plain_at_step", "ssd_resumed", "plain_step_s", "judged_step_s", "judged_pace_tokens",
-                   "call_pace_tokens")
+                   "call_pace_tokens", "observed_acceptance", "plain_read_acceptance", "plain_read_s")
 
 
 def call_trace(stats: dict) -> dict:

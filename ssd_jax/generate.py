@@ -25,7 +25,7 @@ from ssd_jax.runtime.compile_cache import PROGRAMS, signature
 from ssd_jax.runtime.output import GenerateOutput, generate_output
 from ssd_jax.runtime.prompts import PromptBatch, prepare_prompts
 from ssd_jax.sampling import SamplingParams
-from ssd_jax.ssd.call import generate_ssd_call, pair_acceptance_key, ssd_target
+from ssd_jax.ssd.call import generate_ssd_call, pair_acceptance_key, priced_speedup, read_plain_call, ssd_target
 from ssd_jax.ssd import auto as ssd_auto
 from ssd_jax.tuning import auto_call, per_call, plain_verdicts
 from ssd_jax.tuning.auto_shape import open_paths, shaped
@@ -135,11 +135,16 @@ def _generate(call: _Call, method: Method, chosen_per_call: bool, paths_open: bo
     method the program ran, the `AutoCall` of an adaptive loop's run or None)."""
     verdict = auto_call.verdict_key(method, call.target, call.draft, call.sampling, call.batch, call.max_new_tokens)
     if isinstance(method, SSD):
-        if method.adaptive and ssd_auto.starts_plain(call.tuner.ssd, verdict, call.tuner.known_acceptance(
-                pair_acceptance_key(call.target, call.draft, method, call.sampling))):
+        if method.adaptive and ssd_auto.starts_plain(
+                call.tuner.ssd, verdict,
+                call.tuner.known_acceptance(pair_acceptance_key(call.target, call.draft, method, call.sampling)),
+                priced_speedup(call.tuner, method, call.target, call.draft, call.batch, call.max_new_tokens, verdict)):
             # The tuner remembers that SSD was slower than plain decoding for this program: AR's loop.
             placed = dataclasses.replace(call, target=ssd_target(method, call.target, call.draft))
-            return _plain_from_start(placed, method, switched_to_plain_at_step=0, ssd_steps=0), AR(), None
+            out = _plain_from_start(placed, method, switched_to_plain_at_step=0, ssd_steps=0)
+            read_plain_call(call.tuner, method, call.target, call.draft, call.batch, call.max_new_tokens,
+                            call.sampling, call.key, out, verdict)
+            return out, AR(), None
         out, draft_len = generate_ssd_call(call.tuner, method, call.target, call.draft, call.batch,
                                            call.max_new_tokens, call.sampling, call.key, call.stream, verdict)
         return out, dataclasses.replace(method, draft_len=draft_len), None

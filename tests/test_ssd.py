@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -33,12 +34,15 @@ from ssd_jax.draft.fanout import FanoutEstimator, SlotLayout, geometric_fanout, 
 from ssd_jax.draft.saguaro import draft_chain, sample_blocked, saguaro_reshape
 from ssd_jax.ssd import auto as ssd_auto
 from ssd_jax.ssd import call as ssd_call
+from ssd_jax.ssd import plain_read
 from ssd_jax.runtime.decode_program import bare
 from ssd_jax.ssd import steps as ssd_steps
 from ssd_jax.loop.autoregressive import prefill
 from ssd_jax.errors import InputError
 from ssd_jax.models.transformer import forward_cached, forward_full
-from ssd_jax.sampling import SamplingParams, probabilities
+from ssd_jax.coupling import decision_logits
+from ssd_jax.runtime.prompts import prepare_prompts, row_keys
+from ssd_jax.sampling import SamplingParams, argmax_first, probabilities
 from ssd_jax.tuning import cost_model, measure
 from ssd_jax.tuning.memory import Recent
 from ssd_jax.tuning.tuner import DETERMINISTIC_ENV
@@ -699,6 +703,139 @@ def test_a_plain_verdict_is_probed_again_when_the_pair_s_acceptance_rises(tuner)
     ssd_auto.remember(tuner.ssd, key, 1.2, 1.2, 4)
     assert ssd_auto.starts_plain(tuner.ssd, key, 0.9)
     assert ssd_auto.expected_tokens(0.72, 4) / ssd_auto.expected_tokens(0.7, 4) < 1.1 * (1 + ssd_auto.REPROBE_GAIN)
+
+
+def test_a_rise_is_weighed_at_the_best_length_and_a_probe_that_lost_raises_the_bar(tuner):
+    """A verdict judged at a short length (L=1, chosen at the prior acceptance: 1/5 cost regime,
+    prose read at 0.98-1.0 after code) predicts at most E(1) = 2 tokens a step from any rise;
+    weighed with the cost model, the rise is priced at the best length, and the call probes.
+    The probe's acceptance is then kept at least at the one that made it a probe: where its own
+    steps met less (it switched early, on a text's first tokens), the same reads must not make
+    every other call a probe."""
+    key = ("program",)
+    costs = cost_model.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.2)
+    speedup = ssd_call.PricedSpeedup(lambda: (costs, 0.5), 6)
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.53, 1)
+    ssd_auto.remember(tuner.ssd, key, 1.4, 1.4, 1)
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.53, speedup)
+    assert not ssd_auto.acceptance_rose(tuner.ssd, key, 0.95)                # at L=1: 1.95 / 1.53 tokens
+    assert ssd_auto.acceptance_rose(tuner.ssd, key, 0.95, speedup)
+    assert not ssd_auto.starts_plain(tuner.ssd, key, 0.95, speedup)         # a probe ...
+    best = max(range(1, 7), key=lambda n: speedup(n, 0.95))
+    assert ssd_auto.rise_probe(tuner.ssd, key) == (0.95, best) and best > 1   # ... at the best length
+    assert speedup(best, 0.95) > speedup(1, 0.95) * 1.5
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.6, 5)                       # its steps met 0.6 ...
+    ssd_auto.remember(tuner.ssd, key, 1.2, 1.2, 5)                           # ... and it lost
+    assert tuner.ssd.verdict_acceptance.lookup(key) == (0.95, 5) and ssd_auto.rise_probe(tuner.ssd, key) is None
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.95, speedup)             # the same reads: plain
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.6, 5)                       # no rise probe: as met
+    assert tuner.ssd.verdict_acceptance.lookup(key) == (0.6, 5)
+
+
+def test_a_rise_probe_runs_at_the_length_and_acceptance_the_rise_was_priced_at(models, prompts, reference,
+                                                                             monkeypatch, tuner):
+    """A probe that a rise in the pair's acceptance made tests that prediction: at its best
+    length, its switch weighing the pace against that acceptance (priced at the acceptance the
+    past calls' pace implied, probes of prose after code ran at L=1 and L=3 where only L=6 paid)."""
+    target, draft = models
+    monkeypatch.setattr(ssd_auto, "rise_probe", lambda memory, key: (0.9, 3))
+    seen = {}
+    original = ssd_call.generate_ssd
+
+    def spy(*args, **kwargs):
+        seen.update(prior=kwargs["prior_acceptance"], length=kwargs["num_draft_tokens"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(ssd_call, "generate_ssd", spy)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=40, method=ssd_jax.SSD(draft_len="auto", max_draft_len=4),
+                           draft=draft)
+    assert out.tokens == reference.tokens and out.stats["planned_draft_len"] == 3
+    assert seen == dict(prior=0.9, length=3)
+
+
+@pytest.mark.parametrize("temperature, coupling", [(0.0, "rejection"), (1.0, "gumbel")])
+def test_the_plain_read_counts_the_tokens_the_draft_decides(models, prompts, temperature, coupling):
+    """The read of a call that decoded plainly (`plain_read.read_call`) counts, over every row's
+    generated tokens, those that the draft's decision given the text before them is: the argmax of
+    the draft's full forward at each token's position (under the Gumbel coupling, of its logits
+    perturbed by the row's noise at that position). A draft that is the target decides every
+    token (the read's positions and keys are the decode's); under rejection sampling nothing is
+    read (AR's loop keeps no target probabilities)."""
+    target, draft = models
+    sampling = SamplingParams(temperature, coupling=coupling)
+    key = jax.random.PRNGKey(3)
+    out = ssd_jax.generate(target, prompts, max_new_tokens=20, temperature=temperature, coupling=coupling, key=key)
+    batch = prepare_prompts(prompts, target.config, 20)
+    read = functools.partial(plain_read.read_call, target_vocab=target.config.vocab_size, batch=batch,
+                             max_new_tokens=20, out=out, sampling=sampling, key=key)
+    assert read(target)[0] == 1.0
+    keys = row_keys(key, len(prompts), sampling)
+    agreed = total = 0
+    for row, (prompt, tokens) in enumerate(zip(prompts, out.tokens)):
+        logits = forward_full(draft.params, draft.config, jnp.asarray([prompt + tokens], jnp.int32))
+        positions = jnp.arange(len(prompt), len(prompt) + len(tokens), dtype=jnp.int32)[None, :]
+        decided = argmax_first(decision_logits(logits[:, positions[0] - 1], keys[row:row + 1], positions, sampling))
+        agreed += int(np.sum(np.asarray(decided[0]) == np.asarray(tokens)))
+        total += len(tokens)
+    acceptance, seconds, _ = read(draft)
+    assert acceptance == agreed / total and 0.0 < acceptance < 1.0 and seconds > 0.0
+    assert read(draft, sampling=SamplingParams(1.0)) == (None, 0.0, 0.0)
+
+
+def test_a_call_that_starts_plain_reads_its_text_for_the_pair_s_acceptance(models, prompts, reference, monkeypatch,
+                                                                            tuner):
+    """A call that a plain verdict runs with AR's loop has the draft read its text, and keeps
+    that acceptance as the pair's (with the acceptance SSD's call met before it)."""
+    target, draft = models
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=4)
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 1.2)   # SSD slower: a plain verdict
+    first = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+    second = ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)
+    assert not first.stats.get("plain_from_start") and second.stats["plain_from_start"]
+    assert second.tokens == reference.tokens
+    batch = prepare_prompts(prompts, target.config, 40)
+    read = second.stats["plain_read_acceptance"]
+    assert read == plain_read.read_call(draft, target.config.vocab_size, batch, 40, second, SamplingParams(), None)[0]
+    pair = ssd_call.pair_acceptance_key(target, draft, method, SamplingParams())
+    assert tuner.known_acceptance(pair) == pytest.approx((first.stats["observed_acceptance"] + read) / 2)
+
+
+def test_plain_reads_spend_a_share_of_the_plain_calls_time(tuner):
+    """A read is a draft prefill over the whole text (0.15-0.4 s of 2 s plain calls at the 1/5
+    cost regime on one CPU device): a program's first plain call is read, the next ones once the
+    plain calls' seconds pay for another read at READ_SHARE."""
+    key = ("program",)
+    plain_read.spent(tuner.ssd, key, 2.0, 0.0)
+    assert plain_read.read_due(tuner.ssd, key)
+    plain_read.spent(tuner.ssd, key, 0.0, 0.3)
+    calls = 1
+    while not plain_read.read_due(tuner.ssd, key):
+        plain_read.spent(tuner.ssd, key, 2.0, 0.0)
+        calls += 1
+    assert calls == math.ceil(0.3 / plain_read.READ_SHARE / 2.0)
+    assert not ssd_auto.starts_plain(tuner.ssd, key)   # reads decide nothing by themselves
+
+
+@pytest.mark.parametrize("read", ["rose", "as_ssd_met"])
+def test_a_plain_read_that_rose_makes_the_next_call_a_probe(models, prompts, reference, monkeypatch, tuner, read):
+    """Where SSD is the pair's only method, nothing but the plain calls' reads measures the pair's
+    acceptance (prose after code stayed plain at 1.04x AR where fixed L=6 ran 1.47x: 1/5 cost
+    regime, batch 1, T=0, one CPU device). Reads that rose since the verdict's SSD call make a
+    call a probe within a few calls; reads at the acceptance SSD's steps met leave them plain."""
+    target, draft = models
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=1)   # the verdict's length is the best one
+    # SSD slower: a plain verdict (at L=1, reads of 1.0 after SSD met 0.77 predict at most E(1)
+    # 2.0 / 1.77: a probe once they weigh enough against that 0.77).
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "call_ratio", lambda self: 1.02)
+    call = lambda: ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft)  # noqa: E731
+    met = call().stats["observed_acceptance"]
+    monkeypatch.setattr(plain_read, "read_call", lambda *args: (1.0 if read == "rose" else met, 0.0, 0.0))
+    plain = []
+    for _ in range(4):
+        out = call()
+        assert out.tokens == reference.tokens
+        plain.append(bool(out.stats.get("plain_from_start")))
+    assert plain[0] and all(plain) == (read == "as_ssd_met")
 
 
 def test_a_slow_first_call_weighs_no_more_than_the_next_ones(tuner):

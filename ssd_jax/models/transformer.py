@@ -214,6 +214,15 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array, feature_l
     """Reference causal forward with no cache: int32 [B, T] -> float32 logits [B, T, V]; with
     feature_layers (layer indices), (logits, features [B, T, K, D]): the residual stream after
     each of those layers, in the params' dtype (what a feature-level draft head reads)."""
+    x, features = hidden_full(params, config, tokens, feature_layers)
+    logits = lm_head(params, config, x)
+    return (logits, features) if feature_layers else logits
+
+
+def hidden_full(params: dict, config: ModelConfig, tokens: jax.Array, feature_layers: tuple[int, ...] = ()):
+    """`forward_full` up to the head: int32 [B, T] -> (the last layer's output [B, T, D] in the
+    params' dtype, before the final norm; features [B, T, K, D] or None), for a caller that needs
+    the logits of a few positions only (`lm_head` of those)."""
     feature_layers = check_feature_layers(config, feature_layers)
     b, t = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -227,9 +236,7 @@ def forward_full(params: dict, config: ModelConfig, tokens: jax.Array, feature_l
         attn = _attend(config, q, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), mask)
         return _layer_output(config, lp, x, attn)
 
-    x, features = _run_layers(params, config, embed(params, config, tokens, positions), layer, feature_layers)
-    logits = lm_head(params, config, x)
-    return (logits, features) if feature_layers else logits
+    return _run_layers(params, config, embed(params, config, tokens, positions), layer, feature_layers)
 
 
 def cache_attention_mask(

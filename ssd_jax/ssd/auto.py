@@ -423,38 +423,66 @@ def observe_plain_run(memory: SSDMemory, key, seconds: float, steps: int) -> Non
         memory.plain_runs.store(key, (*runs, float(seconds) / steps)[-PLAIN_RUNS_KEPT:])
 
 
-def starts_plain(memory: SSDMemory, key, acceptance: float | None = None) -> bool:
+def starts_plain(memory: SSDMemory, key, acceptance: float | None = None, speedup=None) -> bool:
     """Whether a call of the program `key` decodes plainly from the start: the recent calls that
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
     module's docstring); always False for a deterministic tuner, where a call must not
     depend on the calls before it (verdicts remembered while timings were allowed included).
     acceptance: the pair's remembered acceptance now (None: none); where it rose since the last
-    call that ran SSD enough that SSD's measured cost ratio, scaled by the tokens per step the rise
-    gains, comes below the break-even by REPROBE_GAIN (`acceptance_rose`), the call is a probe."""
+    call that ran SSD enough to predict that SSD pays by REPROBE_GAIN (`acceptance_rose`, with
+    speedup), the call is a probe, and the acceptance that made it one and the length that
+    prediction is best at are noted (`rise_probe`)."""
     if not memory.measures:
         return False
-    if memory.verdicts.is_plain(key) and acceptance_rose(memory, key, acceptance):
+    if memory.verdicts.is_plain(key) and acceptance_rose(memory, key, acceptance, speedup):
         memory.verdicts.probe_now(key)
+        best = None if speedup is None else max(range(1, speedup.max_draft_len + 1),
+                                                key=lambda n: speedup(n, float(acceptance)))
+        with memory.lock:
+            memory.rise_probes.store(key, (float(acceptance), best))
         return False
     return memory.verdicts.starts_plain(key)
 
 
 def ran_at_acceptance(memory: SSDMemory, key, acceptance: float | None, draft_len: int) -> None:
-    """Notes the pair's remembered acceptance (None: none) when a call of the program `key` ran
-    SSD at draft_len (`acceptance_rose` compares the acceptance of later calls with it)."""
+    """Notes the acceptance a call of the program `key` ran SSD at draft_len with (None: none
+    known), which `acceptance_rose` compares later calls' with. Where a rise in the pair's
+    acceptance made the call a probe (`starts_plain`), at least that acceptance: a probe that
+    still lost shows that acceptance is not enough, and where its own steps met less (a call's
+    first tokens accept less than its rest, and a call that switches early measures only those),
+    the next plain call's read would count as the same rise again, a probe every other call."""
     with memory.lock:
+        probe = memory.rise_probes.lookup(key)
+        if probe is not None:
+            memory.rise_probes.store(key, None)
+            acceptance = probe[0] if acceptance is None else max(float(acceptance), probe[0])
         memory.verdict_acceptance.store(key, None if acceptance is None else (float(acceptance), int(draft_len)))
 
 
-def acceptance_rose(memory: SSDMemory, key, acceptance: float | None) -> bool:
+def rise_probe(memory: SSDMemory, key) -> tuple[float, int | None] | None:
+    """(the acceptance, the length it predicted SSD best at, or None where no cost model priced
+    it) of the rise that made the coming call of `key` a probe (`starts_plain`); None where it
+    is none. The probe runs at that length, at that acceptance: it tests the prediction that made
+    it (priced at the acceptance its past calls' pace implied, a probe of prose after code ran at
+    L=1 and L=3 where only L=6 paid, the 1/5 cost regime)."""
+    with memory.lock:
+        return memory.rise_probes.lookup(key)
+
+
+def acceptance_rose(memory: SSDMemory, key, acceptance: float | None, speedup=None) -> bool:
     """Whether the pair's acceptance now (None: not known) predicts that SSD pays on the program
-    `key`: the recent calls' mean cost ratio times E(L, acceptance then) / E(L, acceptance now), L
-    and acceptance then those of the last call that ran SSD (`ran_at_acceptance`), is below
-    1 / (1 + REPROBE_GAIN).
+    `key`: the recent calls' mean cost ratio times the gain the rise predicts is below
+    1 / (1 + REPROBE_GAIN), L and acceptance then those of the last call that ran SSD
+    (`ran_at_acceptance`). The gain: with speedup (a callable (length, acceptance) -> the cost
+    model's predicted speed-up of SSD over plain decoding, and its `max_draft_len`), the best
+    length's speed-up at the acceptance now over L's at the acceptance then; without,
+    E(L, now) / E(L, then).
     The key pools every prompt of its shapes, and where SD's calls of the pair meet text that
     accepts more (held-out prose after code, the 1/5 cost regime, batch 1, T=0: SSD at L=6 ran
     1.46x AR on prose after losing on code), a verdict from the code would keep the prose plain
-    for PROBE_EVERY or more calls."""
+    for PROBE_EVERY or more calls. The best length, not L: a verdict judged at a short length
+    (L=1, chosen at the prior acceptance) predicts little gain there from any rise (at most 2
+    tokens a step), and kept prose that the draft read at 0.98-1.0 plain where L=6 ran 1.30x AR."""
     if acceptance is None:
         return False
     with memory.lock:
@@ -463,7 +491,11 @@ def acceptance_rose(memory: SSDMemory, key, acceptance: float | None) -> bool:
     if then is None or mean is None:
         return False
     acceptance_then, draft_len = then
-    gain = expected_tokens(float(acceptance), draft_len) / expected_tokens(acceptance_then, draft_len)
+    if speedup is None:
+        gain = expected_tokens(float(acceptance), draft_len) / expected_tokens(acceptance_then, draft_len)
+    else:
+        best = max(speedup(n, float(acceptance)) for n in range(1, speedup.max_draft_len + 1))
+        gain = best / speedup(draft_len, acceptance_then)
     return float(np.exp(mean)) / gain < 1.0 / (1.0 + REPROBE_GAIN)
 
 

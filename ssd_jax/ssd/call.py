@@ -13,6 +13,7 @@ from ssd_jax.runtime.output import GenerateOutput
 from ssd_jax.runtime.prompts import PromptBatch
 from ssd_jax.sampling import SamplingParams
 from ssd_jax.ssd import auto as ssd_auto
+from ssd_jax.ssd import plain_read
 from ssd_jax.ssd.host_loop import generate_ssd
 from ssd_jax.ssd.placement import placed_model, resolve_groups
 from ssd_jax.tuning import cost_model, measure
@@ -39,21 +40,40 @@ def ssd_target(method: SSD, target: Model, draft: Model) -> Model:
     return placed_model(target, target_devices)
 
 
+def read_plain_call(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                    sampling: SamplingParams, key, out: GenerateOutput, verdict_key: tuple) -> None:
+    """After an "auto" call that a plain verdict decoded with AR's loop (out: its output): the
+    draft's read of the call's text (`plain_read`), on SSD's draft group, where the program's
+    reads are within their share of its plain calls' time (`plain_read.read_due`), kept as the
+    pair's acceptance (`pair_acceptance_key`), which a later call weighs against the verdict's
+    (`ssd_auto.acceptance_rose`). Its acceptance and seconds go in out.stats
+    (plain_read_acceptance: None where nothing was read; its compile in compile_time_s)."""
+    acceptance, seconds, compile_s = None, 0.0, 0.0
+    if tuner.measures:
+        plain_read.spent(tuner.ssd, verdict_key, out.stats["wall_time_s"], 0.0)
+        if plain_read.read_due(tuner.ssd, verdict_key):
+            _, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
+            acceptance, seconds, compile_s = plain_read.read_call(
+                placed_model(draft, draft_devices), target.config.vocab_size, batch, max_new_tokens, out, sampling,
+                key)
+            plain_read.spent(tuner.ssd, verdict_key, 0.0, seconds)
+            tuner.remember_acceptance(pair_acceptance_key(target, draft, method, sampling), acceptance)
+    out.stats.update(plain_read_acceptance=acceptance, plain_read_s=seconds,
+                     compile_time_s=out.stats["compile_time_s"] + compile_s)
+
+
 def pair_acceptance_key(target: Model, draft: Model, method: SSD, sampling: SamplingParams) -> tuple:
     """What SSD's acceptance is remembered under: the key SD's adaptive calls of the pair keep
     theirs under (`cost_model.SHARED_ACCEPTANCE`; the models as the decode programs take them)."""
     return cost_model.acceptance_key(bare(target), bare(draft), method, sampling)
 
 
-def choose_length(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
-                  verdict_key: tuple, acceptance_key: tuple) -> tuple[int, cost_model.StepCosts, float | None]:
-    """(the draft length of an "auto" call, the costs it was priced with, the acceptance it was
-    priced at where some call measured it, else None): the draft-model methods' cost model with
-    the cache build's forwards where both models share devices and the fallback's at the
-    program's recent miss rate, plus SSD's own step overhead
-    measured on the program's past calls, at the acceptance of their batch's pace (before any:
-    the pair's remembered acceptance under `acceptance_key`, SD's calls' included:
-    `pair_acceptance_key`)."""
+def priced(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+           verdict_key: tuple) -> tuple[cost_model.StepCosts, float]:
+    """(the costs an "auto" call is priced with, SSD's step overhead in seconds): the draft-model
+    methods' cost model with the cache build's forwards where both models share devices and the
+    fallback's at the program's recent miss rate, plus SSD's own step overhead measured on the
+    program's past calls (`ssd_auto.step_overhead`)."""
     context = batch.max_length + max_new_tokens // 2
     target_devices, draft_devices = resolve_groups(method.target_devices, method.draft_devices, target, draft)
     slots = min(method.fanout_budget, max_budget(method.max_draft_len, target.config.vocab_size))
@@ -61,14 +81,53 @@ def choose_length(tuner, method: SSD, target: Model, draft: Model, batch: Prompt
                                                                method.max_draft_len),
                                   draft, batch.batch_size, context, slots, target_devices == draft_devices,
                                   ssd_auto.hit_rate(tuner.ssd, verdict_key))
-    paced = ssd_auto.pace_acceptance(tuner.ssd, verdict_key)
-    known = tuner.known_acceptance(acceptance_key) if paced is None else paced
-    acceptance = cost_model.PRIOR_ACCEPTANCE if known is None else known
-    overhead = ssd_auto.step_overhead(tuner.ssd, verdict_key, costs.target(1))
-    draft_len = ssd_auto.probe_length(
-        tuner.ssd, verdict_key,
-        cost_model.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
-        lambda n: cost_model.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))
+    return costs, ssd_auto.step_overhead(tuner.ssd, verdict_key, costs.target(1))
+
+
+class PricedSpeedup:
+    """speedup(length, acceptance): the cost model's predicted speed-up of the program's SSD over
+    plain decoding (`priced`'s costs, measured at the first use: a call that starts plain and
+    needs none measures nothing); max_draft_len: the longest length it may run."""
+
+    def __init__(self, price, max_draft_len: int):
+        self.price = price
+        self.max_draft_len = int(max_draft_len)
+        self.priced = None
+
+    def __call__(self, draft_len: int, acceptance: float) -> float:
+        if self.priced is None:
+            self.priced = self.price()
+        costs, overhead = self.priced
+        return cost_model.predicted_speedup(costs, acceptance, draft_len, step_overhead_s=overhead)
+
+
+def priced_speedup(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                   verdict_key: tuple) -> PricedSpeedup:
+    """The `PricedSpeedup` of an "auto" call (what `ssd_auto.starts_plain` weighs a rise in the
+    pair's acceptance with)."""
+    return PricedSpeedup(lambda: priced(tuner, method, target, draft, batch, max_new_tokens, verdict_key),
+                         method.max_draft_len)
+
+
+def choose_length(tuner, method: SSD, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
+                  verdict_key: tuple, acceptance_key: tuple) -> tuple[int, cost_model.StepCosts, float | None]:
+    """(the draft length of an "auto" call, the costs it was priced with, the acceptance it was
+    priced at where some call measured it, else None): `priced`'s costs and overhead, at the
+    acceptance of the program's past calls' pace (before any: the pair's remembered acceptance
+    under `acceptance_key`, SD's calls' included: `pair_acceptance_key`); a probe that a rise in
+    the pair's acceptance made, at that rise's acceptance and best length (`ssd_auto.rise_probe`)."""
+    costs, overhead = priced(tuner, method, target, draft, batch, max_new_tokens, verdict_key)
+    rise = ssd_auto.rise_probe(tuner.ssd, verdict_key)
+    if rise is not None and rise[1] is not None:   # a probe that a rise in acceptance made
+        known, draft_len = rise
+    else:
+        paced = ssd_auto.pace_acceptance(tuner.ssd, verdict_key)
+        known = tuner.known_acceptance(acceptance_key) if paced is None else paced
+        acceptance = cost_model.PRIOR_ACCEPTANCE if known is None else known
+        draft_len = ssd_auto.probe_length(
+            tuner.ssd, verdict_key,
+            cost_model.choose_draft_len(costs, acceptance, method.max_draft_len, step_overhead_s=overhead),
+            lambda n: cost_model.predicted_speedup(costs, acceptance, n, step_overhead_s=overhead))
     ssd_auto.ran_length(tuner.ssd, verdict_key, draft_len)
     return draft_len, costs, known
 
