@@ -113,7 +113,7 @@ def call_trace(stats: dict) -> dict:
                tokens=int(stats["num_generated_tokens"]))
     if stats.get("chosen_paths") is not None:   # None: the call ran AR's program
         out["paths"] = int(stats["chosen_paths"])
-    for name in SSD_TRACE_STATS:
+    for name in SSD_TRACE_STATS if stats.get("method") == "ssd" else ():   # (SD's calls observe acceptance too)
         if stats.get(name) is not None:
             out[name] = float(stats[name])
     return out

@@ -143,6 +143,11 @@ def test_per_call_auto_keeps_a_trace_of_every_call(monkeypatch):
                                                 tokens=128, ssd_resumed=0.0, plain_step_s=0.005, judged_step_s=0.015,
                                                 judged_pace_tokens=3.5, call_pace_tokens=3.0)
     assert spec_harness.call_trace(dict(ssd, switched_to_plain_at_step=14))["switched_to_plain_at_step"] == 14
+    # A call started plain: the draft's read of its text; SD's calls keep no SSD stats.
+    read = spec_harness.call_trace(dict(ssd, observed_acceptance=None, plain_read_acceptance=0.9, plain_read_s=0.1))
+    assert read["plain_read_acceptance"] == 0.9 and read["plain_read_s"] == 0.1 and "observed_acceptance" not in read
+    sd = spec_harness.call_trace(dict(ssd, method="sd", observed_acceptance=0.8))
+    assert set(sd) == {"length", "wall_s", "compile_s", "calibration_s", "target_calls", "tokens"}
 
 
 def test_results_are_written_whole(tmp_path):

@@ -7,10 +7,9 @@ a plain verdict is reprobed early only where the acceptance rose since its SSD c
 the rise; where SSD is the pair's only method, nothing did: prose after code stayed plain at 1.04x
 AR where fixed L=6 ran 1.47x (the 1/5 cost regime, batch 1, T=0, one CPU device). One draft
 forward over the call's prompt and text measures it instead, as SSD's own plain stretches do
-(`ssd_jax.ssd.steps.draft_read`): a prefill of the draft, which costs a small share of the
-call's plain target steps.
+(`ssd_jax.ssd.steps.draft_read`).
 
-The read is a draft prefill over the whole text, compute-bound where decoding is not: at the 1/5
+That forward is a draft prefill over the whole text, compute-bound where decoding is not: at the 1/5
 cost regime on one CPU device it took 0.15-0.4 s of 2 s calls. So a program's reads spend at most
 READ_SHARE of its plain calls' seconds (`read_due`): the first plain call is read, the next
 ones once their seconds pay for another read.
