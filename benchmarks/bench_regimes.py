@@ -25,7 +25,8 @@ tokens/s: at T=0 each call's fastest round, at T > 0 all rounds' tokens over the
 Every (regime, temperature, batch) runs in a process of its own (one process compiling every
 configuration ran out of LLVM's code memory in bench_coupling), writing a part to
 `--parts` (default benchmarks/results/regimes_parts/); a part already there is kept unless
---fresh, so a long run can be finished in pieces. Each part records its machine and load.
+--fresh, so a long run can be finished in pieces; a part killed midway resumes from its last
+finished prompt set (`run_worker`). Each part records its machine and load.
 
 Reported per regime, temperature, batch and set: tokens/s and speed-up over AR (same process, same
 prompts), tokens per target call, mean acceptance length, the best fixed length per method, and
@@ -140,11 +141,13 @@ def calibrated_draft(tuner, draft, target_ms: float, ratio: int, batch: int, men
 
 def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_set: int, new_tokens: int,
              rounds: int, lengths, methods, retrieval, target_widening, draft_menu, dtype=None,
-             set_names=SETS, draft_widening=None) -> dict:
+             set_names=SETS, draft_widening=None, done_sets=None, on_set=None) -> dict:
     """One process's work: kind "draft" (the draft methods in regime 1/ratio) or "retrieval" (PLD
     and LogitSpec, which use no draft); AR runs in both, so speed-ups compare within a process.
     set_names: the prompt sets run; draft_widening: the draft's widening as given (a rerun of a
-    part's cells with that part's draft) instead of calibrated against the ratio."""
+    part's cells with that part's draft, or a resumed part) instead of calibrated against the ratio.
+    done_sets: {set: results} finished by an earlier, interrupted run of this part (kept, not rerun);
+    on_set(part): called with the part so far after each set."""
     import ssd_jax
     from benchmarks.spec_harness import label, run_configs
     from ssd_jax.testing import widen
@@ -175,8 +178,12 @@ def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_s
     sets = {name: prompts for name, prompts in prompt_sets(target.tokenizer, per_set, batch).items()
             if name in set_names}
     part["prompts_per_set"] = {name: len(p) for name, p in sets.items()}
-    part["sets"] = {}
+    part["sets"] = dict(done_sets or {})
+    if done_sets:
+        part["resumed_sets"] = sorted(done_sets)
     for name, prompts in sets.items():
+        if name in part["sets"]:
+            continue
         started = time.perf_counter()
         rows = run_configs(wide_target, prompts, configs, temperature, new_tokens, batch_size=batch, draft=draft,
                            repeats=rounds, tuner=tuner, extra=("cache_hit_rate",))
@@ -197,6 +204,8 @@ def run_part(kind: str, ratio: int | None, temperature: float, batch: int, per_s
                 per_call_trace=row.get("per_call_trace"),
                 wall_time_s=row["wall_time_s"], tokens=row["tokens"])
         part["sets"][name] = results
+        if on_set is not None:
+            on_set(part)
         print(f"  T={temperature:g} batch {batch} {name}: {time.perf_counter() - started:.0f} s; "
               + ", ".join(f"{k} {v['speedup_vs_ar']:.2f}x" for k, v in results.items() if not v["options"]),
               flush=True)
@@ -404,6 +413,26 @@ def merge_parts(parts: list[dict]) -> list[dict]:
     return list(merged.values())
 
 
+def run_worker(spec: dict) -> None:
+    """Runs one part (spec: {"run": run_part's arguments, "path": the part's file}). After each set
+    the part so far goes to path + ".partial"; a run of the same arguments resumes from that file
+    (same draft widening, its finished sets kept), so a killed part loses at most one set."""
+    progress = spec["path"] + ".partial"
+    run = dict(spec["run"])
+    if os.path.exists(progress):
+        with open(progress) as f:
+            earlier = json.load(f)
+        if earlier.get("run") == json.loads(json.dumps(run)):
+            run.update(done_sets=earlier["sets"], draft_widening=earlier.get("draft_widening"))
+            print(f"resuming {progress}: sets {sorted(earlier['sets'])} kept", flush=True)
+    part = run_part(**run, on_set=lambda so_far: write_json(progress, dict(so_far, run=spec["run"])))
+    part["machine"] = machine_info()
+    part["load_average_at_end"] = load_average()
+    write_json(spec["path"], part)
+    if os.path.exists(progress):
+        os.remove(progress)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regimes", default=",".join(map(str, REGIME_RATIOS)), help="draft/target ratios 1/N")
@@ -425,11 +454,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)   # JSON of one part's arguments
     args = parser.parse_args(argv)
     if args.worker is not None:
-        spec = json.loads(args.worker)
-        part = run_part(**spec["run"])
-        part["machine"] = machine_info()
-        part["load_average_at_end"] = load_average()
-        write_json(spec["path"], part)
+        run_worker(json.loads(args.worker))
         return 0
     chosen = args.methods.split(",")
     setting = dict(regimes=tuple(int(r) for r in args.regimes.split(",")),
@@ -454,6 +479,8 @@ def main(argv=None) -> int:
     for number, (kind, ratio, temperature, batch) in enumerate(jobs, 1):
         path = os.path.join(args.parts, part_name(kind, ratio, temperature, batch, tag))
         if args.fresh or not os.path.exists(path):
+            if args.fresh and os.path.exists(path + ".partial"):
+                os.remove(path + ".partial")
             print(f"[{number}/{len(jobs)}] {kind} {'' if ratio is None else regime_name(ratio)} "
                   f"T={temperature:g} batch {batch}", flush=True)
             run = dict(kind=kind, ratio=ratio, temperature=temperature, batch=batch, per_set=setting["prompts"],

@@ -131,3 +131,41 @@ def test_ssd_projection_model_and_its_check_against_measured_runs():
     checks = ssd_regimes.validation([part], previous)
     assert [(c["model"], round(c["measured_over_predicted"], 3)) for c in checks] == [("colocated", 1.1),
                                                                                        ("split", 1.25)]
+
+
+def test_a_killed_part_resumes_from_its_last_finished_set(tmp_path, monkeypatch):
+    calls, kill = [], {"at": "prose"}
+
+    def fake_run_part(set_names=bench_regimes.SETS, done_sets=None, on_set=None, draft_widening=None, **run):
+        calls.append(dict(done=sorted(done_sets or {}), draft_widening=draft_widening))
+        part = dict(kind=run["kind"], draft_widening=draft_widening or {"mlp_multiple": run["ratio"]},
+                    sets=dict(done_sets or {}))
+        for name in set_names:
+            if name in part["sets"]:
+                continue
+            if name == kill["at"]:
+                raise KeyboardInterrupt   # killed during this set
+            part["sets"][name] = {"ar": {"tokens_per_second": 1.0}}
+            on_set(part)
+        return part
+
+    monkeypatch.setattr(bench_regimes, "run_part", fake_run_part)
+    spec = dict(run=dict(kind="draft", ratio=5, lengths=(2, 4)), path=str(tmp_path / "r5_t1_b8.json"))
+    with pytest.raises(KeyboardInterrupt):
+        bench_regimes.run_worker(spec)
+    assert not os.path.exists(spec["path"])
+    assert sorted(json.loads(open(spec["path"] + ".partial").read())["sets"]) == ["code"]
+    with pytest.raises(KeyboardInterrupt):   # another run's progress is not resumed
+        bench_regimes.run_worker(dict(spec, run=dict(spec["run"], ratio=20)))
+    assert calls[1] == dict(done=[], draft_widening=None)
+    with pytest.raises(KeyboardInterrupt):
+        bench_regimes.run_worker(spec)   # that run overwrote the progress: nothing of ratio 5 kept
+    assert calls[2]["done"] == []
+    kill["at"] = "repetition"
+    with pytest.raises(KeyboardInterrupt):
+        bench_regimes.run_worker(spec)
+    kill["at"] = None
+    bench_regimes.run_worker(spec)
+    assert calls[4] == dict(done=["code", "prose"], draft_widening={"mlp_multiple": 5})
+    assert sorted(json.loads(open(spec["path"]).read())["sets"]) == sorted(bench_regimes.SETS)
+    assert not os.path.exists(spec["path"] + ".partial")
