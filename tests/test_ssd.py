@@ -732,6 +732,56 @@ def test_a_rise_is_weighed_at_the_best_length_and_a_probe_that_lost_raises_the_b
     assert tuner.ssd.verdict_acceptance.lookup(key) == (0.6, 5)
 
 
+def test_a_rise_is_judged_at_the_latest_read_until_the_next_ssd_call(tuner):
+    """The pair's pooled acceptance mixes the text SSD lost on with the text read now (after code,
+    a read of prose at 1.0 moved it to 0.65): a read of a plain call of the program is the
+    acceptance its next calls' rise is judged and probed at, until a call runs SSD."""
+    key = ("program",)
+    costs = cost_model.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.2)
+    speedup = ssd_call.PricedSpeedup(lambda: (costs, 0.5), 6)
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.53, 1)
+    ssd_auto.remember(tuner.ssd, key, 1.4, 1.4, 1)
+    assert not ssd_auto.acceptance_rose(tuner.ssd, key, 0.6, speedup)
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.6, speedup)
+    ssd_auto.note_read(tuner.ssd, key, None)                                  # nothing read: as before
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.6, speedup)
+    ssd_auto.note_read(tuner.ssd, key, 0.97)
+    assert not ssd_auto.starts_plain(tuner.ssd, key, 0.6, speedup)           # a probe, at the read's
+    assert ssd_auto.rise_probe(tuner.ssd, key) == (0.97, ssd_auto.best_length(speedup, 0.97))
+    ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.5, 6)                       # it ran SSD and lost
+    ssd_auto.remember(tuner.ssd, key, 1.4, 1.4, 6)
+    assert tuner.ssd.latest_read.lookup(key) is None
+    assert ssd_auto.starts_plain(tuner.ssd, key, 0.6, speedup)               # the read is spent
+    deterministic = ssd_jax.Tuner(deterministic=True)
+    ssd_auto.note_read(deterministic.ssd, key, 0.97)
+    assert deterministic.ssd.latest_read.lookup(key) is None
+
+
+def test_a_rise_probe_that_paid_restarts_the_verdict(tuner):
+    """A probe that a rise in acceptance made and that paid ends the plain verdict at once, and
+    the next calls are priced at its pace: the calls before it measured another text (prose after code, 1/5 cost regime: weighed against
+    them, the verdict stayed plain where SSD at L=6 ran 1.33x AR). A probe of the interval's that
+    paid as much only joins the mean."""
+    costs = cost_model.StepCosts(target_fixed=1.0, target_per_token=0.03, draft=0.2)
+    speedup = ssd_call.PricedSpeedup(lambda: (costs, 0.5), 6)
+    for key, rise in ((("rise",), True), (("interval",), False)):
+        ssd_auto.ran_at_acceptance(tuner.ssd, key, 0.5, 1)
+        for _ in range(3):
+            ssd_auto.remember(tuner.ssd, key, 1.8, 1.8, 1)
+        if rise:
+            ssd_auto.note_read(tuner.ssd, key, 1.0)
+        assert ssd_auto.starts_plain(tuner.ssd, key, 0.5, speedup) is not rise
+        ssd_auto.remember_step(tuner.ssd, key, 1, 0.05, 1.5, 0.05)               # the code's pace: 0.5
+        ssd_auto.remember(tuner.ssd, key, 0.74, 0.74, 6)
+        ssd_auto.ran_at_acceptance(tuner.ssd, key, 1.0, 6)
+        ssd_auto.remember_step(tuner.ssd, key, 6, 0.1, 7.0, 0.1)                 # the probe's: ~1
+        assert ssd_auto.pace_acceptance(tuner.ssd, key) == (pytest.approx(0.999, abs=1e-3) if rise else
+                                                            pytest.approx(0.75, abs=1e-3))
+        assert tuner.ssd.verdicts.is_plain(key) is not rise
+        assert tuner.ssd.ratios.lookup(key) == (pytest.approx(np.log(0.74)) if rise else pytest.approx(
+            0.75 * np.log(1.8) + 0.25 * np.log(0.74)))
+
+
 def test_a_rise_probe_runs_at_the_length_and_acceptance_the_rise_was_priced_at(models, prompts, reference,
                                                                              monkeypatch, tuner):
     """A probe that a rise in the pair's acceptance made tests that prediction: at its best

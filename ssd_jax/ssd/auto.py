@@ -428,20 +428,35 @@ def starts_plain(memory: SSDMemory, key, acceptance: float | None = None, speedu
     ran SSD measured it slower on the whole (`remember`), and this call is not a probe (see the
     module's docstring); always False for a deterministic tuner, where a call must not
     depend on the calls before it (verdicts remembered while timings were allowed included).
-    acceptance: the pair's remembered acceptance now (None: none); where it rose since the last
+    acceptance: the pair's remembered acceptance now (None: none), or where a call of the key
+    was read since its last SSD call, that read's (`note_read`); where it rose since the last
     call that ran SSD enough to predict that SSD pays by REPROBE_GAIN (`acceptance_rose`, with
     speedup), the call is a probe, and the acceptance that made it one and the length that
     prediction is best at are noted (`rise_probe`)."""
     if not memory.measures:
         return False
+    with memory.lock:
+        read = memory.latest_read.lookup(key)
+    acceptance = acceptance if read is None else read
     if memory.verdicts.is_plain(key) and acceptance_rose(memory, key, acceptance, speedup):
         memory.verdicts.probe_now(key)
-        best = None if speedup is None else max(range(1, speedup.max_draft_len + 1),
-                                                key=lambda n: speedup(n, float(acceptance)))
+        best = None if speedup is None else best_length(speedup, float(acceptance))
         with memory.lock:
             memory.rise_probes.store(key, (float(acceptance), best))
         return False
     return memory.verdicts.starts_plain(key)
+
+
+def note_read(memory: SSDMemory, key, acceptance: float | None) -> None:
+    """Keeps the acceptance the draft's read of a plain call of `key` met (None: nothing read) as
+    the one a rise is judged at (`starts_plain`) until the key's next SSD call. Not only the
+    pair's pooled acceptance, which mixes the text SSD lost on with the text read now: after
+    code, one read of prose at 1.0 moved it from 0.48 to 0.65, and the probe waited a call and
+    ran at L=3, the best length at 0.82, where L=6 paid (the 1/5 cost regime, batch 1, T=0, one
+    CPU device)."""
+    if acceptance is not None and memory.measures:
+        with memory.lock:
+            memory.latest_read.store(key, float(acceptance))
 
 
 def ran_at_acceptance(memory: SSDMemory, key, acceptance: float | None, draft_len: int) -> None:
@@ -452,6 +467,7 @@ def ran_at_acceptance(memory: SSDMemory, key, acceptance: float | None, draft_le
     first tokens accept less than its rest, and a call that switches early measures only those),
     the next plain call's read would count as the same rise again, a probe every other call."""
     with memory.lock:
+        memory.latest_read.store(key, None)
         probe = memory.rise_probes.lookup(key)
         if probe is not None:
             memory.rise_probes.store(key, None)
@@ -494,9 +510,14 @@ def acceptance_rose(memory: SSDMemory, key, acceptance: float | None, speedup=No
     if speedup is None:
         gain = expected_tokens(float(acceptance), draft_len) / expected_tokens(acceptance_then, draft_len)
     else:
-        best = max(speedup(n, float(acceptance)) for n in range(1, speedup.max_draft_len + 1))
-        gain = best / speedup(draft_len, acceptance_then)
+        gain = speedup(best_length(speedup, float(acceptance)), float(acceptance)) / speedup(draft_len, acceptance_then)
     return float(np.exp(mean)) / gain < 1.0 / (1.0 + REPROBE_GAIN)
+
+
+def best_length(speedup, acceptance: float) -> int:
+    """The length in 1..speedup.max_draft_len that speedup (length, acceptance) -> predicted
+    speed-up prices best at this acceptance (ties: the shorter)."""
+    return max(range(1, speedup.max_draft_len + 1), key=lambda n: speedup(n, acceptance))
 
 
 def probe_length(memory: SSDMemory, key, best: int, speedup) -> int:
@@ -670,8 +691,20 @@ def remember(memory: SSDMemory, key, call_ratio: float, judged_ratio: float | No
     probes 25 calls apart, and the next prompt, where SSD ran 0.6 of plain decoding's time, ran
     plainly: 1.05-1.08x AR against 1.21-1.24x). A call too short for the switch to judge
     (fewer than WARMUP_STEPS + MIN_STEPS steps) still counts here: the next such calls cannot
-    switch either, and start plain if SSD's calls lost."""
-    mean = memory.ratios.add(key, float(np.log(max(call_ratio, 1e-9))))
+    switch either, and start plain if SSD's calls lost.
+    A probe that a rise in the pair's acceptance made (`rise_probe`) and that paid restarts the
+    mean from its own ratio, and the pace's acceptance from its own (`remember_step`): the rise
+    says the text changed, and the calls before it measured another (1/5 cost regime, batch 1,
+    T=0, one CPU device: prose after code, the probe ran L=6 at 0.74 of plain decoding's cost a
+    token; weighed against the code's calls the verdict stayed plain, and the set ran 1.07x AR
+    where fixed L=6 ran 1.33x; with the verdict restarted but not the pace, the next call ran
+    L=1, priced at the code's pace, which lost to plain decoding)."""
+    log_ratio = float(np.log(max(call_ratio, 1e-9)))
+    if call_ratio < 1.0 and rise_probe(memory, key) is not None:
+        mean = memory.ratios.restart(key, log_ratio)
+        memory.pace_acceptance.restart(key)
+    else:
+        mean = memory.ratios.add(key, log_ratio)
     if judged_ratio is not None:
         steady = float(np.log(max(judged_ratio, 1e-9)))
         memory.steady_ratios.add(key, steady)

@@ -3,6 +3,7 @@ at the length the tuner's cost model chooses, with what the tuner keeps after it
 
 from __future__ import annotations
 
+import functools
 import time
 
 from ssd_jax.draft.fanout import max_budget
@@ -45,8 +46,8 @@ def read_plain_call(tuner, method: SSD, target: Model, draft: Model, batch: Prom
     """After an "auto" call that a plain verdict decoded with AR's loop (out: its output): the
     draft's read of the call's text (`plain_read`), on SSD's draft group, where the program's
     reads are within their share of its plain calls' time (`plain_read.read_due`), kept as the
-    pair's acceptance (`pair_acceptance_key`), which a later call weighs against the verdict's
-    (`ssd_auto.acceptance_rose`). Its acceptance and seconds go in out.stats
+    pair's acceptance (`pair_acceptance_key`) and as the program's latest read (`ssd_auto.note_read`),
+    which a later call weighs against the verdict's (`ssd_auto.acceptance_rose`). Its acceptance and seconds go in out.stats
     (plain_read_acceptance: None where nothing was read; its compile in compile_time_s)."""
     acceptance, seconds, compile_s = None, 0.0, 0.0
     if tuner.measures:
@@ -58,6 +59,7 @@ def read_plain_call(tuner, method: SSD, target: Model, draft: Model, batch: Prom
                 key)
             plain_read.spent(tuner.ssd, verdict_key, 0.0, seconds)
             tuner.remember_acceptance(pair_acceptance_key(target, draft, method, sampling), acceptance)
+            ssd_auto.note_read(tuner.ssd, verdict_key, acceptance)
     out.stats.update(plain_read_acceptance=acceptance, plain_read_s=seconds,
                      compile_time_s=out.stats["compile_time_s"] + compile_s)
 
@@ -92,11 +94,12 @@ class PricedSpeedup:
     def __init__(self, price, max_draft_len: int):
         self.price = price
         self.max_draft_len = int(max_draft_len)
-        self.priced = None
+
+    @functools.cached_property
+    def priced(self) -> tuple[cost_model.StepCosts, float]:
+        return self.price()
 
     def __call__(self, draft_len: int, acceptance: float) -> float:
-        if self.priced is None:
-            self.priced = self.price()
         costs, overhead = self.priced
         return cost_model.predicted_speedup(costs, acceptance, draft_len, step_overhead_s=overhead)
 

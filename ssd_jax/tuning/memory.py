@@ -59,7 +59,7 @@ class DecayedMeans:
         as a share of an add would, weight 1 - (1 - weight)^share, and in the running start
         share / (shares so far + share)); returns the key's new mean."""
         with self._lock:
-            mean, count = self._values.lookup(key, (0.0, 0.0))
+            mean, count = self._values.lookup(key) or (0.0, 0.0)
             weight = self.weight if share == 1 else 1.0 - (1.0 - self.weight) ** share
             if self.running_start or count == 0:
                 weight = max(weight, share / (count + share))
@@ -67,10 +67,17 @@ class DecayedMeans:
             self._values.store(key, (mean, count + share))
             return mean
 
+    def restart(self, key, value: float | None = None) -> float | None:
+        """Forgets the key's values: its mean is `value`, counted as one value (None: none, the
+        next value added is its mean)."""
+        with self._lock:
+            self._values.store(key, None if value is None else (float(value), 1.0))
+            return value
+
     def means(self) -> dict:
         """key -> its mean, for every key kept."""
         with self._lock:
-            return {key: entry[0] for key, entry in self._values.items()}
+            return {key: entry[0] for key, entry in self._values.items() if entry is not None}
 
     def clear(self) -> None:
         with self._lock:

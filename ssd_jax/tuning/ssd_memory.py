@@ -29,6 +29,7 @@ class SSDMemory:
         self.verdict_acceptance = Recent()   # key -> (the pair's acceptance, L) at its last judged call
         self.rise_probes = Recent()          # key -> (acceptance, length) of the rise that made its next call a probe
         self.plain_reads = Recent()          # key -> (seconds of calls started plain, of their reads)
+        self.latest_read = Recent()          # key -> the acceptance its latest read since its last SSD call met
         self.lock = threading.Lock()
         # Recent judged calls' log cost ratios (> 0: SSD slower than plain decoding) over their
         # SSD steps (the verdict) and over their judged steps (the switch's prior), SSD's step
