@@ -695,8 +695,8 @@ def remember(memory: SSDMemory, key, call_ratio: float, judged_ratio: float | No
     A probe that a rise in the pair's acceptance made (`rise_probe`) and that paid restarts the
     mean from its own ratio, and the pace's acceptance from its own (`remember_step`): the rise
     says the text changed, and the calls before it measured another (1/5 cost regime, batch 1,
-    T=0, one CPU device: prose after code, the probe ran L=6 at 0.74 of plain decoding's cost a
-    token; weighed against the code's calls the verdict stayed plain, and the set ran 1.07x AR
+    T=0, one CPU device: prose after code, the probe ran L=6 at 0.68 of plain decoding's cost a
+    token over its judged steps; weighed against the code's calls the verdict stayed plain, and the set ran 1.07x AR
     where fixed L=6 ran 1.33x; with the verdict restarted but not the pace, the next call ran
     L=1, priced at the code's pace, which lost to plain decoding)."""
     log_ratio = float(np.log(max(call_ratio, 1e-9)))
