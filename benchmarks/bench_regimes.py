@@ -56,8 +56,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import RESULTS_DIR, format_table, load_average, machine_info, write_json  # noqa: E402
 
 # Each part's "auto" prices with costs measured in its own process, not calibrations an earlier
-# run left on disk: one measured while the machine was busier priced SSD's cache build at 1/5
-# above a target step, and "auto" probed prose at L=1 where L=6 ran 1.27x AR.
+# run left on disk: in a run that read calibrations stored while the machine was busier, "auto"
+# probed prose at 1/5 with L=1 where L=6 ran 1.27x AR.
 os.environ.setdefault("SSD_JAX_CALIBRATION_DIR", "")
 
 REGIME_RATIOS = (5, 20, 100)           # the draft costs 1/ratio of a target step
