@@ -47,7 +47,7 @@ from ssd_jax.tuning import cost_model, measure
 from ssd_jax.tuning.memory import Recent
 from ssd_jax.tuning.tuner import DETERMINISTIC_ENV
 from spec_models import llama, noisy_copy
-from tuning_helpers import deterministic, measuring
+from tuning_helpers import deterministic, measuring, use_tuner
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -1244,6 +1244,57 @@ def test_far_from_the_break_even_the_plain_step_is_not_timed_again(monkeypatch, 
     assert step() == pytest.approx((0.2 + 0.1) / 2)
     assert ssd_auto.near_break_even(None) and ssd_auto.near_break_even(np.log(1.1))
     assert not ssd_auto.near_break_even(np.log(0.6)) and not ssd_auto.near_break_even(np.log(1.5))
+
+
+def test_plain_step_timings_are_a_calibration_a_later_process_reads_back(models, prompts, reference, monkeypatch,
+                                                                          tmp_path):
+    """Plain decoding's step timings are kept like the synchronous loops' calibrations: their
+    seconds are a call's calibration_time_s (a timed call leaves them out, `timed_generate`), and
+    they are kept on disk per program and machine, so a new process (a fresh tuner on the same
+    store) times none of them: made anew per process, the retimings cost the first SSD calls of
+    each 0.4-0.5 s of 1.6 s (the 1/5 cost regime, one CPU device). A file left damaged is timed
+    again and replaced."""
+    target, draft = models
+    monkeypatch.setattr(ssd_auto.PlainSwitch, "slower_than_plain", SWITCHES["never"])
+    monkeypatch.setattr(ssd_auto, "starts_plain", lambda *args, **kwargs: False)   # every call runs SSD
+    monkeypatch.setattr(ssd_auto, "near_break_even", lambda prior: True)   # and retimes while it may
+    timed = []
+    original = ssd_auto._timed_plain_step
+
+    def counted(run_chunk, state, untimed, runs):
+        timed.append(untimed + runs)
+        time.sleep(0.05)   # enough to show in calibration_time_s whatever the machine
+        return original(run_chunk, state, untimed, runs)
+
+    monkeypatch.setattr(ssd_auto, "_timed_plain_step", counted)
+    method = ssd_jax.SSD(draft_len="auto", max_draft_len=2)
+
+    def calls(tuner, count):
+        use_tuner(monkeypatch, tuner)
+        outs = [ssd_jax.generate(target, prompts, max_new_tokens=40, method=method, draft=draft, tuner=tuner)
+                for _ in range(count)]
+        assert all(out.tokens == reference.tokens for out in outs)
+        return outs
+
+    first = calls(ssd_jax.Tuner(store=tmp_path), ssd_auto.PLAIN_TIMINGS + 1)
+    assert len(timed) == ssd_auto.PLAIN_TIMINGS
+    for out, runs in zip(first, timed):
+        assert out.stats["calibration_time_s"] >= 0.05 * 0.9, (out.stats["calibration_time_s"], runs)
+    assert first[-1].stats["calibration_time_s"] == 0.0        # three timings: no more
+    kept = list(tmp_path.glob("ssd-plain-*.json"))
+    assert len(kept) == 1 and len(json.loads(kept[0].read_text())["costs"]) == ssd_auto.PLAIN_TIMINGS
+
+    later = calls(ssd_jax.Tuner(store=tmp_path), 2)          # a new process of the same program
+    assert len(timed) == ssd_auto.PLAIN_TIMINGS and all(o.stats["calibration_time_s"] == 0.0 for o in later)
+    assert later[0].stats["plain_step_s"] == pytest.approx(first[-1].stats["plain_step_s"])
+
+    kept[0].write_text('{"costs": [')                         # damaged: timed again, and replaced
+    calls(ssd_jax.Tuner(store=tmp_path), 1)
+    assert len(timed) == ssd_auto.PLAIN_TIMINGS + 1
+    assert len(json.loads(kept[0].read_text())["costs"]) == 1
+
+    calls(ssd_jax.Tuner(store=None), 1)                        # no store: in memory only
+    assert len(timed) == ssd_auto.PLAIN_TIMINGS + 2 and len(list(tmp_path.glob("ssd-plain-*.json"))) == 1
 
 
 # ---------------------------------------------------------------------------------- fan-out

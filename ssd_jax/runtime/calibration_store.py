@@ -18,7 +18,9 @@ and a digest of what decides the timed loop (`program_store.describe`: the model
 shapes, the library's source, versions, machine; its lowered program where that says too
 little), and so is AR's step over the loop's plain step
 (`ssd_jax.tuning.against_ar`: ~2 s of every later process of a near-tie call, which compiled and
-timed AR's program again), as "ar-ratio-" files named like the loop's calibration. Files are written to a temporary
+timed AR's program again), as "ar-ratio-" files named like the loop's calibration, and so are SSD's
+plain-step timings (`ssd_jax.ssd.auto.plain_step_seconds`: 3-8 chunks of 16 plain steps at each
+of a program's first three SSD calls), as "ssd-plain-" files. Files are written to a temporary
 name and renamed, so a reader never sees half of one; an unreadable or malformed file counts as
 absent (and is measured again and replaced).
 

@@ -48,7 +48,8 @@ and judged steps at SSD's speed, so it costs in proportion to how much slower SS
 probe every 8th call, "auto" read 0.97-0.98x AR where SSD never paid (one CPU device, 15 paired
 rounds of 4 calls), while near the break-even probes cost little.
 
-The plain step's time is measured on that very program at a key's first call in the process:
+The plain step's time is measured on that very program at a key's first call (a calibration,
+kept on disk per program and machine like the synchronous loops', `plain_step_seconds`):
 chunk runs on copies of the state after prefill (the first compiling, then PLAIN_TIMED_RUNS;
 their trimmed mean, `plain_step_seconds`), and again at its next calls that run SSD until
 PLAIN_TIMINGS timings; every call that switched times its plain part (`observe_plain_run`), and
@@ -63,6 +64,7 @@ stays the target's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
@@ -72,6 +74,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ssd_jax.draft import fanout
+from ssd_jax.runtime import calibration_store, program_store
+from ssd_jax.runtime.compile_cache import signature
 from ssd_jax.tuning import measure
 from ssd_jax.tuning.cost_model import StepCosts, expected_tokens, trimmed_mean
 from ssd_jax.tuning.plain_verdicts import calls_apart
@@ -369,7 +373,8 @@ def near_break_even(prior_log_ratio: float | None) -> bool:
     return prior_log_ratio is None or abs(prior_log_ratio) < RETIME_MARGIN
 
 
-def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = True) -> float:
+def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = True, tuner=None,
+                       stored: str | None = None) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
     do not end within a chunk, `ssd_jax.ssd.host_loop._Decode.timing_state`): at the key's first
@@ -385,16 +390,45 @@ def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = 
     one process of three ran SSD at L=2 on every step, 0.84x AR, where the others ran AR's
     program). The step is the median of those timings and the last PLAIN_RUNS_KEPT switched
     calls' plain parts (`observe_plain_run`). retime False: a key timed once already is not
-    timed again at this call (`near_break_even`)."""
+    timed again at this call (`near_break_even`).
+
+    The timings are a calibration of the program, as the synchronous loops' step timings are:
+    run under tuner's `calibrating` (so a call reports their seconds as calibration_time_s), and
+    kept in the file `stored` (`plain_step_path`; None: in memory only), from which a later
+    process of the same program and machine reads them and times only what they lack. Made anew
+    in every process, the three timings cost a program's first three SSD calls 3-8 chunks of
+    plain steps each (the 1/5 cost regime at batch 1, one CPU device: 0.4-0.5 s on each of two
+    1.6 s calls)."""
     with memory.lock:
         timings = memory.plain_step_s.lookup(key, ())
+    if not timings and stored is not None:
+        kept = calibration_store.load(stored)
+        if kept is not None and all(value > 0 for value in kept):
+            timings = kept[-PLAIN_TIMINGS:]
+            with memory.lock:
+                memory.plain_step_s.store(key, timings)
     if len(timings) < PLAIN_TIMINGS and (retime or not timings):
         untimed, timed = (PLAIN_UNTIMED_RUNS, PLAIN_TIMED_RUNS) if not timings else (0, PLAIN_RETIMED_RUNS)
-        seconds = _timed_plain_step(run_chunk, state, untimed, timed)
+        with contextlib.nullcontext() if tuner is None else tuner.calibrating(
+                'timing SSD\'s plain step for draft_len="auto" (per program and machine)'):
+            seconds = _timed_plain_step(run_chunk, state, untimed, timed)
         with memory.lock:
-            memory.plain_step_s.store(key, (*memory.plain_step_s.lookup(key, ()), seconds)[-PLAIN_TIMINGS:])
+            timings = (*memory.plain_step_s.lookup(key, ()), seconds)[-PLAIN_TIMINGS:]
+            memory.plain_step_s.store(key, timings)
+        calibration_store.save(stored, timings)
     with memory.lock:
         return float(np.median([*memory.plain_step_s.lookup(key, ()), *memory.plain_runs.lookup(key, ())]))
+
+
+def plain_step_path(store: str | None, key, timed_args) -> str | None:
+    """The file a program's plain-step timings are kept in (`plain_step_seconds`'s stored), named by
+    what decides them: key (the program's, `ssd_jax.ssd.host_loop`'s plain key) and timed_args
+    (the target's parameters and the tokens a chunk starts from: shapes, dtypes, shardings), with
+    the library's source, versions and machine (`program_store.describe`). Not the decode state:
+    its cache holds 2L spare slots, and one timing serves every length L, as in memory. None where
+    they stay in memory (no store, several processes) or where the key does not say all of that."""
+    described = program_store.describe(f"{__name__}.plain_step_seconds", key, signature(timed_args))
+    return None if described is None else calibration_store.path_for_text("ssd-plain", described, store)
 
 
 def _timed_plain_step(run_chunk, state, untimed: int, timed: int) -> float:

@@ -149,7 +149,7 @@ def generate_ssd_call(tuner, method: SSD, target: Model, draft: Model, batch: Pr
                                             acceptance_key)
     before = tuner.known_acceptance(acceptance_key)
     measure_s = time.perf_counter() - start
-    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, auto=tuner.ssd,
+    out = generate_ssd(target, draft, batch, max_new_tokens, sampling, key, stream=stream, tuner=tuner,
                        verdict_key=verdict_key, prior_acceptance=known, **ssd_engine_options(method, draft_len))
     observed = cost_model.acceptance_of(out.stats["num_accepted_tokens"], out.stats["num_rejected"])
     # What a later call's rise in acceptance is measured from (`ssd_auto.acceptance_rose`): the

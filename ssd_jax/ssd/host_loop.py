@@ -54,7 +54,6 @@ import numpy as np
 from ssd_jax.backend import devices_platform
 from ssd_jax.draft.fanout import FanoutEstimator, max_budget
 from ssd_jax.ssd import auto as ssd_auto
-from ssd_jax.tuning.ssd_memory import SSDMemory
 from ssd_jax.ssd import steps as steps
 from ssd_jax.runtime.output import GenerateOutput, generate_output
 from ssd_jax.runtime.prompts import PromptBatch, bucket, row_keys
@@ -123,7 +122,7 @@ class _Decode:
 
     def __init__(self, target: Model, draft: Model, batch: PromptBatch, max_new_tokens: int,
                  sampling: SamplingParams, key, plan: SSDPlan, estimator: FanoutEstimator, target_devices,
-                 draft_devices, stream: StreamSink | None, sync_timing: bool, auto: SSDMemory | None = None,
+                 draft_devices, stream: StreamSink | None, sync_timing: bool, tuner=None,
                  verdict_key=None, prior_acceptance: float | None = None):
         b, length = batch.batch_size, plan.num_draft_tokens
         target_devs, draft_devs = resolve_groups(target_devices, draft_devices, target, draft)
@@ -156,7 +155,9 @@ class _Decode:
         self.plain = functools.partial(plain, chunk=self.plain_chunk)
         self.plain_rest = functools.partial(plain, chunk=plan.out_size, keep_law=False)   # no draft reads it
         self.read = functools.partial(steps.draft_read, dcfg=dcfg, sampling=sampling, target_vocab=vocab)
-        self.auto, self.switch, self.measure_s, self.switched_at = auto, None, 0.0, None
+        self.tuner = tuner
+        self.auto = None if tuner is None else tuner.ssd
+        self.switch, self.measure_s, self.switched_at = None, 0.0, None
         self.resumes = 0   # plain stretches after which SSD resumed (`plain_stretch`)
         self.prior_acceptance = prior_acceptance
         self.plain_key = None   # what plain decoding's step is remembered under ("auto" with timings)
@@ -225,8 +226,11 @@ class _Decode:
                    self.plan.out_size, self.rows.size)
             self.plain_key = key
             prior, prior_steps = ssd_auto.switch_prior(self.auto, self.verdict_key, self.plan.num_draft_tokens)
-            plain_s = ssd_auto.plain_step_seconds(self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:],
-                                                  self.timing_state(), retime=ssd_auto.near_break_even(prior))
+            timed_on = self.timing_state()
+            plain_s = ssd_auto.plain_step_seconds(
+                self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:], timed_on,
+                retime=ssd_auto.near_break_even(prior), tuner=self.tuner,
+                stored=ssd_auto.plain_step_path(self.tuner.store_dir(), key, (self.tparams, self.cur)))
             self.switch = ssd_auto.PlainSwitch(
                 plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior, prior_steps=prior_steps,
                 prior_pace=ssd_auto.prior_pace(self.prior_acceptance, self.plan.num_draft_tokens))
@@ -469,16 +473,17 @@ def generate_ssd(
     num_draft_tokens: int, fanout_budget: int, fanout: str, saguaro_c: float, fallback: str,
     target_devices=None, draft_devices=None, fanout_acceptance: float | None = None,
     fanout_exponent: float | None = None, stream: StreamSink | None = None, sync_timing: bool = False,
-    observe=None, auto: SSDMemory | None = None, verdict_key=None, prior_acceptance: float | None = None,
+    observe=None, tuner=None, verdict_key=None, prior_acceptance: float | None = None,
 ) -> GenerateOutput:
     """SSD decoding of a prepared batch (see `ssd_jax.generate`, method "ssd").
 
     sync_timing: wait for every device program alone and report each one's mean latency
     (`stats["latency_s"]`; no overlap). observe: optional callable(dict) called once, after the
     first step's dispatches, with the live arrays (target/draft params and states, the speculation
-    cache): tests check where they live. auto: for draft_len "auto" (`ssd_jax.ssd.auto`), the
-    tuner's SSD memory: switch to plain decoding once SSD measures slower (a measuring tuner's),
-    and remember the verdict under verdict_key (None: not remembered); prior_acceptance: the
+    cache): tests check where they live. tuner: for draft_len "auto" (`ssd_jax.ssd.auto`), the
+    `ssd_jax.Tuner` whose SSD memory decides: switch to plain decoding once SSD measures slower
+    (a measuring tuner's), and remember the verdict under verdict_key (None: not remembered);
+    its calibrations keep plain decoding's step timings; prior_acceptance: the
     per-position acceptance earlier calls of the pair measured (None: none), which a key's first
     judged call weighs its pace against (`ssd_auto.PlainSwitch`).
     """
@@ -490,7 +495,7 @@ def generate_ssd(
     estimator = FanoutEstimator(fanout, num_draft_tokens, fanout_budget, plan.vocab, fanout_acceptance,
                                 fanout_exponent)
     decode = _Decode(target, draft, batch, max_new_tokens, sampling, key, plan, estimator, target_devices,
-                     draft_devices, stream, sync_timing, auto=auto, verdict_key=verdict_key,
+                     draft_devices, stream, sync_timing, tuner=tuner, verdict_key=verdict_key,
                      prior_acceptance=prior_acceptance)
     start = time.perf_counter()
     try:
@@ -512,7 +517,7 @@ def generate_ssd(
                  draft_devices=[str(d) for d in decode.dgroup.devices], placement_time_s=decode.placement_s,
                  cpu_async_dispatch=(bool(jax.config.values["jax_cpu_enable_async_dispatch"])
                                      if devices_platform(decode.tgroup.devices) == "cpu" else None))
-    if auto:
+    if tuner is not None:
         extra.update(adaptive=True, planned_draft_len=num_draft_tokens, switched_to_plain_at_step=decode.switched_at,
                      ssd_resumed=decode.resumes,
                      plain_step_s=decode.switch.plain_step_s if decode.switch is not None else None,
