@@ -384,3 +384,13 @@ def test_calibration_seconds_count_nested_calibrations_once_and_per_thread():
     other.start()
     other.join()
     assert tuner.calibration_seconds() == alone
+
+
+def test_seconds_left_out_of_a_calibration_do_not_count_in_it():
+    """Time inside a calibration that the call reports elsewhere (a program a timing run compiled,
+    in compile_time_s) is left out of its seconds, so a timed call leaves it out once."""
+    tuner = Tuner(store=None)
+    with tuner.calibrating("timing"):
+        time.sleep(0.15)
+        tuner.leave_out_of_calibration(0.1)
+    assert 0.05 <= tuner.calibration_seconds() < 0.1

@@ -374,7 +374,7 @@ def near_break_even(prior_log_ratio: float | None) -> bool:
 
 
 def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = True, tuner=None,
-                       stored: str | None = None) -> float:
+                       stored: str | None = None, compile_seconds=None) -> float:
     """Seconds per plain decoding step of this program (key: what it is remembered under),
     timed by run_chunk(copy of state) -> (emitted, appended, ...) on copies (state: one whose rows
     do not end within a chunk, `ssd_jax.ssd.host_loop._Decode.timing_state`): at the key's first
@@ -395,7 +395,9 @@ def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = 
     The timings are a calibration of the program, as the synchronous loops' step timings are:
     run under tuner's `calibrating` (so a call reports their seconds as calibration_time_s), and
     kept in the file `stored` (`plain_step_path`; None: in memory only), from which a later
-    process of the same program and machine reads them and times only what they lack. Made anew
+    process of the same program and machine reads them and times only what they lack;
+    compile_seconds() (None: none) the call's compile seconds so far, of which a timing run's
+    compile (a length's chunk program met first at a retiming) is left out. Made anew
     in every process, the three timings cost a program's first three SSD calls 3-8 chunks of
     plain steps each (the 1/5 cost regime at batch 1, one CPU device: 0.4-0.5 s on each of two
     1.6 s calls)."""
@@ -409,9 +411,12 @@ def plain_step_seconds(memory: SSDMemory, key, run_chunk, state, retime: bool = 
                 memory.plain_step_s.store(key, timings)
     if len(timings) < PLAIN_TIMINGS and (retime or not timings):
         untimed, timed = (PLAIN_UNTIMED_RUNS, PLAIN_TIMED_RUNS) if not timings else (0, PLAIN_RETIMED_RUNS)
+        compiled = 0.0 if compile_seconds is None else compile_seconds()
         with contextlib.nullcontext() if tuner is None else tuner.calibrating(
                 'timing SSD\'s plain step for draft_len="auto" (per program and machine)'):
             seconds = _timed_plain_step(run_chunk, state, untimed, timed)
+            if tuner is not None and compile_seconds is not None:
+                tuner.leave_out_of_calibration(compile_seconds() - compiled)
         with memory.lock:
             timings = (*memory.plain_step_s.lookup(key, ()), seconds)[-PLAIN_TIMINGS:]
             memory.plain_step_s.store(key, timings)

@@ -230,7 +230,8 @@ class _Decode:
             plain_s = ssd_auto.plain_step_seconds(
                 self.auto, key, lambda state: self.run_plain(state, self.cur, 0)[1:], timed_on,
                 retime=ssd_auto.near_break_even(prior), tuner=self.tuner,
-                stored=ssd_auto.plain_step_path(self.tuner.store_dir(), key, (self.tparams, self.cur)))
+                stored=ssd_auto.plain_step_path(self.tuner.store_dir(), key, (self.tparams, self.cur)),
+                compile_seconds=lambda: self.run.compile_s)
             self.switch = ssd_auto.PlainSwitch(
                 plain_s, call_tokens=self.max_new_tokens, prior_log_ratio=prior, prior_steps=prior_steps,
                 prior_pace=ssd_auto.prior_pace(self.prior_acceptance, self.plan.num_draft_tokens))

@@ -138,14 +138,22 @@ class Tuner:
         clock = self._calibration_clock
         depth = getattr(clock, "depth", 0)
         clock.depth = depth + 1
-        start = time.perf_counter()
+        start, left_out = time.perf_counter(), getattr(clock, "left_out", 0.0)
         try:
             with notice(text):
                 yield
         finally:
             clock.depth = depth
             if depth == 0:
-                clock.seconds = self.calibration_seconds() + time.perf_counter() - start
+                elapsed = time.perf_counter() - start - (getattr(clock, "left_out", 0.0) - left_out)
+                clock.seconds = self.calibration_seconds() + max(elapsed, 0.0)
+
+    def leave_out_of_calibration(self, seconds: float) -> None:
+        """Leaves `seconds` spent inside this thread's current calibration (`calibrating`) out of
+        its seconds: time the call reports elsewhere (a program compiled by a timing run, in
+        compile_time_s), which a timed call would otherwise leave out twice."""
+        clock = self._calibration_clock
+        clock.left_out = getattr(clock, "left_out", 0.0) + float(seconds)
 
     def calibration_seconds(self) -> float:
         """The seconds this thread has spent in this tuner's calibrations (`calibrating`), in
