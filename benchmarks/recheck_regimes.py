@@ -4,6 +4,10 @@ best fixed length a miss, or the noise of a short measurement?
     python benchmarks/recheck_regimes.py [--source benchmarks/results/regimes.json] [--batches 1]
         [--rounds 6] [--prompts 2] [--sampled-prompts 4] [--out benchmarks/results/regimes_recheck.json]
 
+--source is the merged results (`regimes.json`) or one part of `bench_regimes.py` (a part file
+with its sets: a rerun of some methods in a process of their own, `--methods ...`), whose misses
+are computed from its own sets.
+
 A regime part (`bench_regimes.py`) times each configuration over 2 prompts a set and 2 rounds: at
 T=0 each call's faster run, at T=1 four sampled continuations of 128 tokens, whose acceptance
 varies from one to the next. Its "best fixed length" is the best of four such estimates, so their
@@ -61,6 +65,19 @@ def recheck_groups(misses: list[dict], batches, methods=None) -> list[dict]:
         if all((m["method"], m["set"]) != (miss["method"], miss["set"]) for m in group["misses"]):
             group["misses"].append(miss)
     return list(groups.values())
+
+
+def load_source(path: str) -> dict:
+    """{"auto_misses": [...], "parts": [...]} of a --source: the merged results' goal report and
+    parts, or one part file's misses (`bench_regimes.summarise`, `goal_report`) and that part."""
+    with open(path) as f:
+        source = json.load(f)
+    if "goal_report" in source:
+        return dict(auto_misses=source["goal_report"]["auto_misses"], parts=source["parts"])
+    if "sets" in source and "kind" in source:
+        misses = bench_regimes.goal_report(bench_regimes.summarise([source]))["auto_misses"]
+        return dict(auto_misses=misses, parts=[{k: v for k, v in source.items() if k != "sets"}])
+    raise SystemExit(f"{path} is neither merged regime results (with a goal_report) nor a regime part (with sets)")
 
 
 def original_part(parts: list[dict], group: dict) -> dict:
@@ -160,11 +177,10 @@ def main(argv=None) -> int:
     if args.rounds < 2 or args.prompts < 1 or args.sampled_prompts < 1:
         parser.error(f"--rounds >= 2 (two halves) and prompts >= 1, got {args.rounds}, {args.prompts}, "
                      f"{args.sampled_prompts}")
-    with open(args.source) as f:
-        source = json.load(f)
+    source = load_source(args.source)
     batches = tuple(int(b) for b in args.batches.split(","))
     methods = None if args.methods is None else tuple(args.methods.split(","))
-    groups = recheck_groups(source["goal_report"]["auto_misses"], batches, methods)
+    groups = recheck_groups(source["auto_misses"], batches, methods)
     os.makedirs(args.parts, exist_ok=True)
     parts = {}
     for index, group in enumerate(groups):

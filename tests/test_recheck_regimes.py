@@ -2,6 +2,8 @@
 rerun's rounds give the rechecked "auto"/best, its two halves and the verdict (made-up parts; the
 rerun itself is `bench_regimes.run_part`, which its smoke test runs)."""
 
+import json
+
 import pytest
 
 from benchmarks import recheck_regimes as rr
@@ -73,3 +75,34 @@ def test_recheck_rows_value_halves_and_verdicts():
                                              (0.9026, "within noise"), (0.902, "miss"), (0.77, "miss")])
 def test_verdict_thresholds(value, expected):
     assert rr.verdict(value) == expected
+
+
+def test_a_part_file_is_a_source_with_its_own_misses(tmp_path):
+    """A rerun's part (bench_regimes --methods ...) is a source too: its misses come from its own
+    sets, and its setting (without the sets) is the part the groups rerun with."""
+    sets = {"prose": {"ar": config("ar", None, [1.0] * 2, [50.0] * 2),
+                      "ssd": config("ssd", None, [1.0] * 2, [90.0] * 2),
+                      "ssd-L4": config("ssd", 4, [1.0] * 2, [100.0] * 2)},
+            "code": {"ar": config("ar", None, [1.0] * 2, [50.0] * 2),
+                     "ssd": config("ssd", None, [1.0] * 2, [99.0] * 2),
+                     "ssd-L4": config("ssd", 4, [1.0] * 2, [100.0] * 2)}}
+    for results in sets.values():
+        for name, result in results.items():
+            result.update(speedup_vs_ar=result["tokens_per_second"] / results["ar"]["tokens_per_second"],
+                          tokens_per_target_call=2.0)
+    part = dict(kind="draft", ratio=20, regime="1/20", measured_ratio=1 / 22.2, temperature=1.0, batch_size=1,
+                draft_widening=dict(mlp_multiple=128), sets=sets)
+    path = tmp_path / "r20_t1_b1_ssd.json"
+    path.write_text(json.dumps(part))
+    source = rr.load_source(str(path))
+    assert [(m["method"], m["set"], m["auto_over_best_fixed"]) for m in source["auto_misses"]] == [("ssd", "prose", 0.9)]
+    assert source["parts"] == [{k: v for k, v in part.items() if k != "sets"}]
+    group = rr.recheck_groups(source["auto_misses"], batches=(1,))[0]
+    assert rr.original_part(source["parts"], group)["draft_widening"] == dict(mlp_multiple=128)
+    merged = tmp_path / "regimes.json"
+    merged.write_text(json.dumps(dict(goal_report=dict(auto_misses=source["auto_misses"]), parts=source["parts"])))
+    assert rr.load_source(str(merged)) == source
+    neither = tmp_path / "other.json"
+    neither.write_text(json.dumps(dict(rows=[])))
+    with pytest.raises(SystemExit, match="neither"):
+        rr.load_source(str(neither))
